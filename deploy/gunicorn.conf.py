@@ -1,0 +1,19 @@
+"""gunicorn settings for llmgw's web server: gevent workers, so streams do not hold a worker each."""
+from llmgw import config as _config
+
+_conf = _config.load()  # the same file (or LLMGW_ROOT) the app reads
+bind = _conf["server"]["listen"]
+workers = _conf["server"]["workers"]
+worker_class = "gevent"
+worker_connections = 2000
+# Recycle workers now and then, staggered so two never restart together (DESIGN.md:
+# a recycled worker resets a few not-yet-started connections).
+max_requests = 100000
+max_requests_jitter = 10000
+# Long generations stream for minutes; gevent workers heartbeat independently of requests.
+timeout = 120
+graceful_timeout = 30
+keepalive = 5
+# gunicorn 27 otherwise creates ~/.gunicorn/gunicorn.ctl.
+control_socket_disable = True
+accesslog = "-"

@@ -1,0 +1,72 @@
+"""`flask llmgw …`: thin wrappers over services. Every command takes --root DIR."""
+import asyncio
+import functools
+import json
+from pathlib import Path
+
+import click
+from flask import current_app
+from flask.cli import AppGroup, with_appcontext
+
+from ..errors import LlmgwError
+
+llmgw = AppGroup("llmgw", help="Manage an llmgw control plane.")
+
+
+def root_option(f=None, *, creates=False):
+    """Add --root DIR: read config, database and keys from DIR instead of /etc/llmgw.
+
+    Commands other than those that create the control plane (creates=True) refuse to
+    run against a database that does not exist yet.
+    """
+    if f is None:
+        return functools.partial(root_option, creates=creates)
+
+    @click.option("--root", "root", type=click.Path(file_okay=False), envvar="LLMGW_ROOT",
+                  help="Keep config, database, keys and caches under this directory "
+                       "(default: /etc/llmgw and /var/lib/llmgw). Also LLMGW_ROOT.")
+    @with_appcontext
+    @functools.wraps(f)
+    def wrapper(*args, root=None, **kwargs):
+        from .. import reconfigure
+        from ..models import database
+        if root:
+            reconfigure(current_app, root)
+        if creates:
+            Path(current_app.config["LLMGW"]["_root"]).mkdir(parents=True, exist_ok=True, mode=0o700)
+        else:
+            _require_database(current_app.config["LLMGW"])
+        try:
+            database.connect(reuse_if_open=True)
+            return f(*args, **kwargs)
+        except LlmgwError as e:
+            raise click.ClickException(str(e)) from e
+        finally:
+            if not database.is_closed():
+                database.close()
+    return wrapper
+
+
+def _require_database(c):
+    url = c["database"]["url"]
+    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).exists():
+        raise click.ClickException(f"there is no llmgw database at {url[len('sqlite:///'):]}; "
+                                   f"run `flask llmgw init` (with the same --root) first.")
+
+
+def conf():
+    return current_app.config["LLMGW"]
+
+
+def run_async(coro):
+    """Run a coroutine from a CLI command (the CLI is its own process, so asyncio.run is fine)."""
+    return asyncio.run(coro)
+
+
+def echo_json(obj):
+    click.echo(json.dumps(obj, indent=2, default=str))
+
+
+def register(app):
+    from . import cluster, demo, keys, setup  # noqa: F401  (they add their commands to the group)
+    app.cli.add_command(llmgw)

@@ -1,0 +1,135 @@
+"""`flask llmgw add-node | nodes | model add | logs`."""
+import hashlib
+
+import click
+
+from ..errors import LlmgwError
+from ..models import Model, Node, Replica
+from ..plans.launch import supervisor_for
+from ..services import logs as logsvc
+from ..services import nodes, weights
+from ..executors.release import sha256_file
+from . import conf, echo_json, llmgw, root_option, run_async
+
+
+@llmgw.command("add-node")
+@click.argument("name")
+@click.option("--addr", required=True, help="HOST or HOST:PORT of the node's sshd.")
+@click.option("--user", default="root", show_default=True, help="SSH user on the node.")
+@click.option("--bootstrap-key", type=click.Path(dir_okay=False),
+              help="Your own private key the node already accepts; used once to install the "
+                   "control plane's key.")
+@click.option("--host-key", "host_key_fp", default="",
+              help="The node's host key fingerprint (SHA256:…), checked before anything is sent.")
+@click.option("--repin", is_flag=True, help="Accept a changed host key (after a reinstall).")
+@click.option("--base-dir", default="/opt/llmgw", show_default=True,
+              help="Where llmgw keeps engines, models and logs on the node.")
+@root_option
+def add_node(name, addr, user, bootstrap_key, host_key_fp, repin, base_dir):
+    """Pin a node's host key, authorise the control plane, discover it and store it."""
+    node, fp, created = run_async(nodes.add_node(
+        conf(), name, addr, user=user, bootstrap_key=bootstrap_key, repin=repin,
+        host_key_fp=host_key_fp, base_dir=base_dir))
+    f = node.facts
+    click.echo(f"{'added' if created else 'updated'} {name} ({node.addr}:{node.port})")
+    click.echo(f"  host key   {fp} (pinned)")
+    click.echo(f"  system     {f['os'].get('pretty') or f['os'].get('id')} {f['arch']}, "
+               f"{f['memory'].get('total_mb', '?')} MB RAM, {f['disk'].get('free_mb', '?')} MB free")
+    click.echo(f"  cpu        {', '.join(f['cpu_flags']) or 'no vector extensions'}")
+    click.echo(f"  nvidia     {f['nvidia_driver'] or 'no driver loaded'}")
+    click.echo(f"  engines    run under {supervisor_for(f)}")
+
+
+@llmgw.command("nodes")
+@click.option("--json", "as_json", is_flag=True)
+@root_option
+def list_nodes(as_json):
+    """List nodes with their reachability, engine installs and replicas."""
+    out = []
+    for n in Node.select().order_by(Node.name):
+        out.append({"name": n.name, "addr": n.addr, "port": n.port, "reachable": n.reachable,
+                    "last_error": n.last_error, "host_key": n.host_key_fp,
+                    "supervisor": supervisor_for(n.facts or {}),
+                    "installs": [{"engine": i.engine, "version": i.version, "state": i.state,
+                                  "detail": i.detail} for i in n.installs],
+                    "replicas": [{"name": r.name, "state": r.state, "endpoint": r.endpoint,
+                                  "detail": r.detail} for r in n.replicas]})
+    if as_json:
+        return echo_json(out)
+    for n in out:
+        click.echo(f"{n['name']:<16} {n['addr']}:{n['port']}  "
+                   f"{'reachable' if n['reachable'] else 'UNREACHABLE ' + n['last_error']}")
+        for i in n["installs"]:
+            click.echo(f"    {i['engine']} {i['version']}: {i['state']}  {i['detail']}")
+        for r in n["replicas"]:
+            click.echo(f"    replica {r['name']}: {r['state']}  {r['detail']}")
+
+
+@llmgw.group("model")
+def model():
+    """The model catalog."""
+
+
+@model.command("add")
+@click.argument("name")
+@click.option("--file", "source", default="", help="A GGUF file on this machine, or an http(s) URL.")
+@click.option("--replicas", default=1, show_default=True, type=click.IntRange(0, 64))
+@click.option("--engine", default="llamacpp", show_default=True, type=click.Choice(["llamacpp", "sim"]))
+@click.option("--sha256", default="", help="The file's checksum, when known (a URL is checked against it).")
+@click.option("--arg", "args", multiple=True, help="An extra engine argument (repeatable), e.g. --arg=-t --arg=1.")
+@root_option
+def model_add(name, source, replicas, engine, sha256, args):
+    """Add or update a model; the reconciler places its replicas and copies its file to them."""
+    if not name or len(name) > 128 or any(c.isspace() for c in name):
+        raise LlmgwError(f"{name!r} is not a usable model name: no spaces, at most 128 characters.")
+    if engine != "sim" and not source:
+        raise LlmgwError("--file is required for a llamacpp model (a GGUF path or URL).")
+    if source:
+        kind, source = weights.check_source(source)
+        if kind == "path":
+            actual = sha256_file(source)
+            if sha256 and sha256 != actual:
+                raise LlmgwError(f"--sha256 {sha256[:12]}… does not match {source} ({actual[:12]}…).")
+            sha256 = actual
+        elif not sha256:
+            sha256 = hashlib.sha256(source.encode()).hexdigest()  # names the cached copy only
+    row = Model.get_or_none(Model.name == name)
+    fields = dict(engine=engine, source=source, sha256=sha256, replicas=replicas, args=list(args))
+    if row:
+        Model.update(**fields).where(Model.id == row.id).execute()
+    else:
+        Model.create(name=name, **fields)
+    click.echo(f"{'updated' if row else 'added'} model {name}: {replicas} replica(s) of {engine}")
+
+
+@llmgw.command("logs")
+@click.argument("node_name", metavar="NODE")
+@click.option("--source", default="", help="A replica on the node (default: every replica there).")
+@click.option("-n", "lines", default=50, show_default=True, type=click.IntRange(1, 100000))
+@root_option
+def logs(node_name, source, lines):
+    """Print the newest log lines of a node's engines (journald, or the fallback's log file)."""
+    node = Node.get_or_none(Node.name == node_name)
+    if node is None:
+        raise LlmgwError(f"no node called {node_name!r}; `flask llmgw nodes` lists them.")
+    reps = list(Replica.select().where(Replica.node == node).order_by(Replica.name))
+    if source:
+        reps = [r for r in reps if r.name == source]
+        if not reps:
+            raise LlmgwError(f"{node_name} runs no replica called {source!r}.")
+    if not reps:
+        raise LlmgwError(f"{node_name} runs no engine yet, so there are no logs to show.")
+    t = nodes.transport_for(node, conf())
+
+    async def read_all():
+        try:
+            sup = supervisor_for(node.facts or {})
+            return [(r, (await logsvc.read(t, r.supervisor or sup, node.base_dir, r.unit, lines))[0])
+                    for r in reps]
+        finally:
+            await t.close()
+    for replica, got in run_async(read_all()):
+        for line in got:
+            prefix = f"{line['ts']} " if line["ts"] else ""
+            click.echo(f"{replica.unit}: {prefix}{line['text']}")
+

@@ -1,0 +1,154 @@
+"""Load the one TOML configuration file, apply LLMGW_* overrides, and resolve paths.
+
+Everything llmgw keeps lives under one root: a system install uses
+/etc/llmgw/server.toml with data in /var/lib/llmgw; `--root DIR` or LLMGW_ROOT
+puts config, database, keys and caches under DIR so no root access is needed.
+"""
+import copy
+import os
+import tomllib
+from pathlib import Path
+
+from .errors import ConfigError
+
+SYSTEM_CONFIG = Path("/etc/llmgw/server.toml")
+SYSTEM_DATA = Path("/var/lib/llmgw")
+
+# The llama.cpp build this release was tested with; `engines.llamacpp = ""` disables it.
+DEFAULT_LLAMACPP = "b10991"
+
+DEFAULTS = {
+    "server": {
+        "listen": "127.0.0.1:8080",
+        "workers": 2,
+        "secret_key": "",
+        "public_url": "",
+    },
+    "database": {"url": ""},
+    "ssh": {
+        "key": "",
+        "connect_timeout": 10,
+        "command_timeout": 120,
+        "max_sessions": 8,
+    },
+    "engines": {
+        "llamacpp": DEFAULT_LLAMACPP,
+        "github_api": "https://api.github.com",
+        "github_download": "https://github.com",
+        "cache": "",
+    },
+    "reconciler": {
+        "interval": 5,
+        "verify_interval": 600,
+        "health_timeout": 180,
+        "port_range": "18000-18999",
+    },
+    "gateway": {
+        "connect_timeout": 5,
+        "read_timeout": 600,
+        "route_cache_seconds": 2,
+    },
+}
+
+
+def resolve_root(root=None):
+    """Return the root directory given by argument or LLMGW_ROOT, or None for a system install."""
+    root = root or os.environ.get("LLMGW_ROOT")
+    return Path(root).expanduser().resolve() if root else None
+
+
+def config_path(root=None):
+    """Return the config file path for this root (or LLMGW_CONFIG when set)."""
+    if os.environ.get("LLMGW_CONFIG"):
+        return Path(os.environ["LLMGW_CONFIG"])
+    root = resolve_root(root)
+    return root / "server.toml" if root else SYSTEM_CONFIG
+
+
+def data_dir(root=None):
+    """Return where the database, SSH identity and caches live."""
+    root = resolve_root(root)
+    return root if root else SYSTEM_DATA
+
+
+def load(root=None):
+    """Read the configuration (defaults when the file does not exist yet) and fill derived paths."""
+    path = config_path(root)
+    conf = copy.deepcopy(DEFAULTS)
+    if path.exists():
+        try:
+            found = tomllib.loads(path.read_text())
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{path} is not valid TOML: {e}. Fix the file or move it away and run "
+                              f"`flask llmgw init` to write a new one.") from e
+        _merge(conf, found, path)
+    _apply_env(conf)
+    _fill_paths(conf, data_dir(root))
+    conf["_path"] = str(path)
+    conf["_root"] = str(data_dir(root))
+    return conf
+
+
+def _merge(conf, found, path):
+    for section, values in found.items():
+        if section not in conf or not isinstance(values, dict):
+            raise ConfigError(f"{path}: unknown section [{section}]. Known sections: "
+                              f"{', '.join(sorted(conf))}.")
+        for key, value in values.items():
+            if key not in conf[section]:
+                raise ConfigError(f"{path}: unknown key {section}.{key}. Known keys in "
+                                  f"[{section}]: {', '.join(sorted(conf[section]))}.")
+            conf[section][key] = value
+
+
+def _apply_env(conf):
+    """Apply LLMGW_<SECTION>_<KEY> overrides, converted to the default's type."""
+    for section, values in conf.items():
+        for key, default in values.items():
+            name = f"LLMGW_{section}_{key}".upper()
+            if name in os.environ:
+                values[key] = _convert(name, os.environ[name], default)
+
+
+def _convert(name, raw, default):
+    if isinstance(default, bool):
+        return raw.lower() in ("1", "true", "yes", "on")
+    if isinstance(default, int):
+        try:
+            return int(raw)
+        except ValueError:
+            raise ConfigError(f"{name}={raw!r} is not a whole number; set it to e.g. {default}.")
+    return raw
+
+
+def _fill_paths(conf, data):
+    if not conf["database"]["url"]:
+        conf["database"]["url"] = f"sqlite:///{data / 'llmgw.db'}"
+    if not conf["ssh"]["key"]:
+        conf["ssh"]["key"] = str(data / "ssh" / "id_ed25519")
+    if not conf["engines"]["cache"]:
+        conf["engines"]["cache"] = str(data / "cache")
+    if not conf["server"]["public_url"]:
+        conf["server"]["public_url"] = f"http://{conf['server']['listen']}"
+
+
+def render_initial(listen, secret_key, llamacpp=DEFAULT_LLAMACPP):
+    """Return the text of a new server.toml, with every section present and commented."""
+    return f"""# llmgw control plane configuration. Every key is described in docs/reference.md.
+# Environment variables LLMGW_<SECTION>_<KEY> override what is written here.
+
+[server]
+listen = "{listen}"
+secret_key = "{secret_key}"
+
+[database]
+# Empty: SQLite under the data directory. postgresql://user:pass@host/db for several control planes.
+url = ""
+
+[engines]
+# The llama.cpp release every node should have; "" disables installing it.
+llamacpp = "{llamacpp}"
+
+[reconciler]
+interval = 5
+"""

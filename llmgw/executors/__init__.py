@@ -1,0 +1,1 @@
+"""Executors: the only code that touches nodes, engines, GitHub and the network."""

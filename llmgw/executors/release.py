@@ -1,0 +1,128 @@
+"""Release metadata and archives from a GitHub-shaped API, fetched once and cached.
+
+A fleet behind one NAT shares GitHub's sixty unauthenticated requests an hour, so
+the control plane asks once per release and downloads each archive once; nodes
+get the file pushed from the cache.
+"""
+import hashlib
+import json
+import os
+import threading
+from pathlib import Path
+
+import requests
+
+from ..errors import ReleaseError
+
+_locks = {}
+_locks_guard = threading.Lock()
+
+
+def _lock(key):
+    with _locks_guard:
+        return _locks.setdefault(key, threading.Lock())
+
+
+class ReleaseCache:
+    """Fetches a release's digests and assets into cache_dir, verifying every byte."""
+
+    def __init__(self, cache_dir, api_base, download_base, timeout=60):
+        self.cache = Path(cache_dir)
+        self.api = api_base.rstrip("/")
+        self.download_base = download_base.rstrip("/")
+        self.timeout = timeout
+
+    def _dir(self, repo, tag):
+        d = self.cache / "releases" / repo.replace("/", "_") / tag
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def digests(self, repo, tag):
+        """Return {asset name: sha256 hex} as published for repo@tag (one request per tag, ever)."""
+        meta = self._dir(repo, tag) / "release.json"
+        with _lock(str(meta)):
+            if not meta.exists():
+                data = self._fetch_metadata(repo, tag)
+                tmp = meta.with_suffix(".tmp")
+                tmp.write_text(json.dumps(data))
+                tmp.replace(meta)
+            data = json.loads(meta.read_text())
+        out = {}
+        for asset in data.get("assets", []):
+            digest = asset.get("digest") or ""
+            if digest.startswith("sha256:") and len(digest) == 71:
+                out[asset["name"]] = digest[7:]
+        return out
+
+    def _fetch_metadata(self, repo, tag):
+        url = f"{self.api}/repos/{repo}/releases/tags/{tag}"
+        try:
+            resp = requests.get(url, timeout=self.timeout,
+                                headers={"Accept": "application/vnd.github+json"})
+        except requests.RequestException as e:
+            raise ReleaseError(f"cannot reach {self.api} for {repo} {tag}: {e}") from e
+        if resp.status_code == 404:
+            raise ReleaseError(f"{repo} has no release {tag}; check engines.llamacpp in the config")
+        if resp.status_code in (403, 429):
+            raise ReleaseError(f"GitHub is rate-limiting this address ({resp.status_code}: "
+                               f"{_message(resp)}); llmgw retries later, or set "
+                               f"engines.github_api to a mirror")
+        if resp.status_code != 200:
+            raise ReleaseError(f"{url} answered {resp.status_code}: {_message(resp)}")
+        try:
+            return resp.json()
+        except ValueError as e:
+            raise ReleaseError(f"{url} did not answer JSON: {e}") from e
+
+    def asset(self, repo, tag, name, progress=lambda text: None):
+        """Return the local path of a verified asset, downloading it on first use."""
+        sums = self.digests(repo, tag)
+        want = sums.get(name)
+        if not want:
+            raise ReleaseError(f"{repo} {tag} publishes no sha256 for {name}, so it cannot be "
+                               f"verified and is not installed")
+        path = self._dir(repo, tag) / name
+        with _lock(str(path)):
+            if path.exists() and sha256_file(path) == want:
+                return path
+            self._download(repo, tag, name, path, want, progress)
+        return path
+
+    def _download(self, repo, tag, name, path, want, progress):
+        url = f"{self.download_base}/{repo}/releases/download/{tag}/{name}"
+        part = path.with_name(path.name + ".partial")
+        h = hashlib.sha256()
+        try:
+            with requests.get(url, stream=True, timeout=self.timeout) as resp:
+                if resp.status_code != 200:
+                    raise ReleaseError(f"downloading {name} failed: {url} answered {resp.status_code}")
+                size = int(resp.headers.get("Content-Length") or 0)
+                progress(f"downloading {name}" + (f" ({size >> 20} MB)" if size else ""))
+                with open(part, "wb") as f:
+                    for chunk in resp.iter_content(1 << 20):
+                        f.write(chunk)
+                        h.update(chunk)
+        except requests.RequestException as e:
+            part.unlink(missing_ok=True)
+            raise ReleaseError(f"downloading {name} from {url} failed: {e}") from e
+        got = h.hexdigest()
+        if got != want:
+            part.unlink(missing_ok=True)
+            raise ReleaseError(f"{name} does not match the sha256 checksum its publisher gave "
+                               f"(got {got[:12]}…, expected {want[:12]}…); it was not installed")
+        os.replace(part, path)
+
+
+def sha256_file(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _message(resp):
+    try:
+        return resp.json().get("message", "")[:200]
+    except ValueError:
+        return resp.text[:200]

@@ -1,0 +1,124 @@
+"""SSH to nodes with asyncssh: pinned host keys, one reused connection, a cap on channels."""
+import asyncio
+import shlex
+
+import asyncssh
+
+from ..errors import HostKeyMismatch, NodeError
+from .transport import Result, Transport
+
+# Stock sshd allows 10 sessions per connection; the 11th channel fails to open.
+DEFAULT_MAX_SESSIONS = 8
+
+
+def fingerprint(public_key_text):
+    """Return the SHA256:… fingerprint of an OpenSSH public key line."""
+    return asyncssh.import_public_key(public_key_text).get_fingerprint("sha256")
+
+
+def public_key_line(private_key_path):
+    """Return the OpenSSH public key line of a private key file."""
+    key = asyncssh.read_private_key(str(private_key_path))
+    return key.export_public_key().decode().strip()
+
+
+def generate_identity(path):
+    """Write a new ed25519 private key (0600) and its .pub next to it."""
+    key = asyncssh.generate_private_key("ssh-ed25519", comment="llmgw-control-plane")
+    key.write_private_key(str(path))
+    key.write_public_key(str(path) + ".pub")
+    path.chmod(0o600)
+
+
+async def fetch_host_key(addr, port, timeout=10):
+    """Return the node's host public key line, as offered to anyone who connects."""
+    try:
+        key = await asyncio.wait_for(asyncssh.get_server_host_key(addr, port), timeout)
+    except (OSError, asyncssh.Error, asyncio.TimeoutError) as e:
+        raise NodeError(f"{addr}:{port}", f"cannot reach SSH to read its host key: {e or type(e).__name__}")
+    if key is None:
+        raise NodeError(f"{addr}:{port}", "offered no host key")
+    return key.export_public_key().decode().strip()
+
+
+class SSHTransport(Transport):
+    """One node over SSH. Connects lazily, reconnects after a failure."""
+
+    def __init__(self, name, addr, port, user, client_key, host_key, connect_timeout=10,
+                 max_sessions=DEFAULT_MAX_SESSIONS):
+        self.name, self.addr, self.port, self.user = name, addr, port, user
+        self.client_key = client_key
+        self.host_key = host_key
+        self.connect_timeout = connect_timeout
+        self._conn = None
+        self._connecting = asyncio.Lock()
+        self._sessions = asyncio.Semaphore(max_sessions)
+
+    async def _connection(self):
+        async with self._connecting:
+            if self._conn is not None and not self._conn.is_closed():
+                return self._conn
+            self._conn = await self._connect()
+            return self._conn
+
+    async def _connect(self):
+        if not self.host_key:
+            raise NodeError(self.name, "has no pinned host key; add it again with "
+                            "`flask llmgw add-node` to pin one")
+        trusted = ([asyncssh.import_public_key(self.host_key)], [], [])
+        try:
+            return await asyncio.wait_for(asyncssh.connect(
+                self.addr, self.port, username=self.user, client_keys=[self.client_key],
+                known_hosts=trusted, agent_path=None, config=None,
+                keepalive_interval=15, keepalive_count_max=3), self.connect_timeout)
+        except asyncssh.HostKeyNotVerifiable as e:
+            raise HostKeyMismatch(self.name, (
+                f"the host key of {self.addr}:{self.port} is not the pinned one "
+                f"({fingerprint(self.host_key)}); if the machine was really reinstalled, re-pin "
+                f"it with `flask llmgw add-node {self.name} --addr {self.addr}:{self.port} --repin`")) from e
+        except asyncssh.PermissionDenied as e:
+            raise NodeError(self.name, f"{self.user}@{self.addr} refused the control plane's key; "
+                            f"install it with `flask llmgw add-node {self.name} --addr {self.addr} "
+                            f"--bootstrap-key ~/.ssh/id_ed25519`") from e
+        except (OSError, asyncssh.Error, asyncio.TimeoutError) as e:
+            raise NodeError(self.name, f"cannot connect to {self.addr}:{self.port}: "
+                            f"{e or type(e).__name__}") from e
+
+    async def run(self, argv, input=None, timeout=None):
+        conn = await self._connection()
+        command = shlex.join(argv)
+        try:
+            async with self._sessions:
+                done = await conn.run(command, input=input, check=False, timeout=timeout)
+        except asyncssh.TimeoutError as e:
+            raise NodeError(self.name, f"{command} did not finish in {timeout} s", argv=argv) from e
+        except (OSError, asyncssh.Error) as e:
+            await self._drop()
+            raise NodeError(self.name, f"lost the connection running {command}: "
+                            f"{e or type(e).__name__}", argv=argv) from e
+        status = done.exit_status if done.exit_status is not None else 255
+        return Result(list(argv), status, _text(done.stdout), _text(done.stderr))
+
+    async def put(self, local_path, remote_path):
+        conn = await self._connection()
+        try:
+            async with self._sessions:
+                async with conn.start_sftp_client() as sftp:
+                    await sftp.put(str(local_path), remote_path)
+        except (OSError, asyncssh.Error) as e:
+            raise NodeError(self.name, f"copying {local_path} to {remote_path} over SFTP failed: "
+                            f"{e}. Check that the SFTP subsystem of sshd on {self.addr} is enabled.") from e
+
+    async def _drop(self):
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    async def close(self):
+        await self._drop()
+
+
+def _text(value):
+    if value is None:
+        return ""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value

@@ -1,0 +1,140 @@
+"""The peewee models. The schema itself is created and changed only by migrations/."""
+import datetime
+import json
+
+import peewee as pw
+
+from .db import database
+
+
+def utcnow():
+    """Return the current UTC time without tzinfo, as stored in the database."""
+    return datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
+
+
+class JSONField(pw.TextField):
+    """A text column holding JSON."""
+
+    def db_value(self, value):
+        return None if value is None else json.dumps(value, sort_keys=True)
+
+    def python_value(self, value):
+        return None if value is None else json.loads(value)
+
+
+class Base(pw.Model):
+    class Meta:
+        database = database
+        legacy_table_names = False
+
+
+class Org(Base):
+    name = pw.TextField(unique=True)
+    created = pw.DateTimeField(default=utcnow)
+
+
+class Team(Base):
+    org = pw.ForeignKeyField(Org, backref="teams")
+    name = pw.TextField()
+    created = pw.DateTimeField(default=utcnow)
+
+
+class Project(Base):
+    team = pw.ForeignKeyField(Team, backref="projects")
+    name = pw.TextField(unique=True)
+    created = pw.DateTimeField(default=utcnow)
+
+
+class User(Base):
+    email = pw.TextField(unique=True)
+    password_hash = pw.TextField()
+    is_admin = pw.BooleanField(default=False)
+    is_active = pw.BooleanField(default=True)
+    created = pw.DateTimeField(default=utcnow)
+
+
+class Membership(Base):
+    user = pw.ForeignKeyField(User, backref="memberships")
+    project = pw.ForeignKeyField(Project, backref="members")
+
+
+class ApiKey(Base):
+    project = pw.ForeignKeyField(Project, backref="keys")
+    user = pw.ForeignKeyField(User, null=True)
+    name = pw.TextField(default="")
+    prefix = pw.TextField()
+    key_hash = pw.TextField(unique=True)
+    created = pw.DateTimeField(default=utcnow)
+    expires = pw.DateTimeField(null=True)
+    revoked = pw.DateTimeField(null=True)
+
+
+class Node(Base):
+    name = pw.TextField(unique=True)
+    transport = pw.TextField(default="ssh")  # "ssh" or "local"
+    addr = pw.TextField(default="")
+    port = pw.IntegerField(default=22)
+    ssh_user = pw.TextField(default="root")
+    host_key = pw.TextField(default="")  # pinned public key, OpenSSH format
+    host_key_fp = pw.TextField(default="")
+    base_dir = pw.TextField(default="/opt/llmgw")
+    facts = JSONField(default=dict)
+    reachable = pw.BooleanField(default=False)
+    last_seen = pw.DateTimeField(null=True)
+    last_error = pw.TextField(default="")
+    created = pw.DateTimeField(default=utcnow)
+
+
+class EngineInstall(Base):
+    node = pw.ForeignKeyField(Node, backref="installs", on_delete="CASCADE")
+    engine = pw.TextField()
+    version = pw.TextField()
+    variant = pw.TextField(default="")
+    state = pw.TextField(default="pending")  # pending installing ready failed unsupported
+    detail = pw.TextField(default="")
+    binary = pw.TextField(default="")
+    updated = pw.DateTimeField(default=utcnow)
+    next_check = pw.DateTimeField(default=utcnow)
+    failures = pw.IntegerField(default=0)
+
+
+class Model(Base):
+    name = pw.TextField(unique=True)
+    engine = pw.TextField(default="llamacpp")
+    source = pw.TextField()  # a path on the control plane or an http(s) URL
+    sha256 = pw.TextField(default="")
+    replicas = pw.IntegerField(default=1)
+    args = JSONField(default=list)
+    created = pw.DateTimeField(default=utcnow)
+
+
+class Replica(Base):
+    name = pw.TextField(unique=True)  # the unit is llmgw-<name>
+    model = pw.ForeignKeyField(Model, backref="replica_rows", on_delete="CASCADE")
+    node = pw.ForeignKeyField(Node, backref="replicas", on_delete="CASCADE")
+    port = pw.IntegerField()
+    supervisor = pw.TextField(default="")  # "systemd" or "setsid"
+    state = pw.TextField(default="pending")  # pending fetching starting ready failed stopped
+    detail = pw.TextField(default="")
+    endpoint = pw.TextField(default="")
+    updated = pw.DateTimeField(default=utcnow)
+
+    @property
+    def unit(self):
+        return f"llmgw-{self.name}"
+
+
+class LogRequest(Base):
+    """A log pane's question to the reconciler, and its answer."""
+
+    node = pw.ForeignKeyField(Node, on_delete="CASCADE")
+    source = pw.TextField()
+    cursor = pw.TextField(default="")
+    lines = pw.IntegerField(default=100)
+    state = pw.TextField(default="pending")  # pending done failed
+    result = JSONField(null=True)
+    next_cursor = pw.TextField(default="")
+    created = pw.DateTimeField(default=utcnow)
+
+
+ALL = [Org, Team, Project, User, Membership, ApiKey, Node, EngineInstall, Model, Replica, LogRequest]

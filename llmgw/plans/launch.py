@@ -1,0 +1,71 @@
+"""The argv that starts, finds and stops an engine under systemd or the setsid fallback."""
+import posixpath
+
+
+def engine_argv(engine, binary, model_path, model_name, port, extra_args):
+    """Return the engine's own argv for one replica."""
+    if engine == "sim":
+        return ["python3", binary, "--model", model_name, "--host", "0.0.0.0",
+                "--port", str(port), *extra_args]
+    return [binary, "-m", model_path, "--alias", model_name, "--host", "0.0.0.0",
+            "--port", str(port), "--metrics", *extra_args]
+
+
+def supervisor_for(facts):
+    """Return 'systemd' when systemd is PID 1 and we are root there, else 'setsid'."""
+    return "systemd" if facts.get("systemd") and facts.get("uid") == 0 else "setsid"
+
+
+def run_dir(base_dir):
+    return posixpath.join(base_dir, "run")
+
+
+def log_path(base_dir, unit):
+    return posixpath.join(base_dir, "logs", f"{unit}.log")
+
+
+def start_argv(supervisor, unit, argv, base_dir):
+    """Return the argv that starts argv as unit under the supervisor and returns at once."""
+    if supervisor == "systemd":
+        return ["systemd-run", f"--unit={unit}", "--property=Restart=on-failure",
+                "--property=RestartSec=2", f"--description=llmgw engine {unit}",
+                "--collect", *argv]
+    pidfile = posixpath.join(run_dir(base_dir), f"{unit}.pid")
+    log = log_path(base_dir, unit)
+    # $0 is the unit name and "$@" the engine: the pidfile holds the engine's own pid
+    # because exec keeps it.
+    script = ('mkdir -p "$(dirname "$PIDFILE")" "$(dirname "$LOG")"; '
+              'echo $$ > "$PIDFILE"; exec "$@" >>"$LOG" 2>&1 </dev/null')
+    return ["env", f"PIDFILE={pidfile}", f"LOG={log}", "LLMGW_UNIT=" + unit,
+            "setsid", "-f", "sh", "-c", script, unit, *argv]
+
+
+def list_argv(supervisor, base_dir):
+    """Return the argv listing running llmgw-* engines, one unit name per line."""
+    if supervisor == "systemd":
+        return ["sh", "-c", "systemctl list-units --plain --no-legend --state=active 'llmgw-*' "
+                "| awk '{print $1}' | sed 's/\\.service$//'"]
+    script = ('for f in "$0"/llmgw-*.pid; do [ -e "$f" ] || continue; '
+              'p=$(cat "$f"); if [ -n "$p" ] && kill -0 "$p" 2>/dev/null; then '
+              'basename "$f" .pid; else rm -f "$f"; fi; done')
+    return ["sh", "-c", script, run_dir(base_dir)]
+
+
+def stop_argv(supervisor, unit, base_dir):
+    """Return the argv that stops a unit and forgets it."""
+    if supervisor == "systemd":
+        return ["sh", "-c", 'systemctl stop "$0" 2>/dev/null; systemctl reset-failed "$0" 2>/dev/null; true',
+                f"{unit}.service"]
+    pidfile = posixpath.join(run_dir(base_dir), f"{unit}.pid")
+    return ["sh", "-c", 'p=$(cat "$0" 2>/dev/null); [ -n "$p" ] && kill "$p" 2>/dev/null; rm -f "$0"; true',
+            pidfile]
+
+
+def parse_units(text):
+    """Return the set of replica names from list_argv output (llmgw-<name> lines)."""
+    names = set()
+    for line in text.split():
+        line = line.strip()
+        if line.startswith("llmgw-"):
+            names.add(line[len("llmgw-"):])
+    return names

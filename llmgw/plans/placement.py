@@ -1,0 +1,80 @@
+"""Which replica of which model runs on which node, and why a node was not chosen."""
+import re
+from dataclasses import dataclass
+
+
+def slug(name):
+    """Return a unit-name-safe form of a model name."""
+    s = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    return s or "model"
+
+
+def replica_names(model_name, count):
+    """Return the stable replica names of a model: slug-0, slug-1, …"""
+    base = slug(model_name)
+    return [f"{base}-{i}" for i in range(count)]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    node: str
+    ok: bool
+    reason: str = ""
+
+
+def candidates(nodes, engine):
+    """Return a Candidate per node for an engine: reachable and with that engine ready.
+
+    nodes: [{'name', 'reachable', 'installs': {engine: (state, detail)}}]
+    """
+    out = []
+    for n in nodes:
+        state, detail = n.get("installs", {}).get(engine, ("", ""))
+        if not n.get("reachable"):
+            out.append(Candidate(n["name"], False, "unreachable"))
+        elif state != "ready":
+            out.append(Candidate(n["name"], False, f"{engine} {state or 'not installed'}"
+                                 + (f": {detail}" if detail else "")))
+        else:
+            out.append(Candidate(n["name"], True))
+    return out
+
+
+def assign(names, existing, running, cands):
+    """Place each replica name on a node.
+
+    existing: {replica name: node} already recorded; running: {node: set of replica names
+    whose units run there} — a running unit is adopted where it is, never duplicated.
+    Returns ({replica name: node}, refusal sentence or '').
+    """
+    ok = [c.node for c in cands if c.ok]
+    load = {n: 0 for n in ok}
+    placed = {}
+    for name in names:
+        where = existing.get(name) or next((n for n, units in running.items() if name in units), None)
+        if where is not None:
+            placed[name] = where
+            if where in load:
+                load[where] += 1
+    for name in names:
+        if name in placed:
+            continue
+        if not ok:
+            break
+        node = min(ok, key=lambda n: (load[n], n))
+        placed[name] = node
+        load[node] += 1
+    refusal = ""
+    if len(placed) < len(names):
+        why = "; ".join(f"{c.node}: {c.reason}" for c in cands if not c.ok) or "no nodes"
+        refusal = f"no node can run it ({why})"
+    return placed, refusal
+
+
+def free_port(used, port_range):
+    """Return the lowest port in 'lo-hi' not in used."""
+    lo, hi = (int(x) for x in port_range.split("-"))
+    for port in range(lo, hi + 1):
+        if port not in used:
+            return port
+    raise ValueError(f"every port in {port_range} is taken on this node; widen reconciler.port_range")

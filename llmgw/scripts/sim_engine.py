@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""A simulated inference engine speaking the OpenAI API, stdlib only, for the demo and tests.
+
+It runs on any node with python3 and answers like llama-server: /health, /v1/models,
+/v1/chat/completions and /v1/completions (streamed or not, with usage), /v1/embeddings.
+Its replies are made-up words, produced at a steady pace, and say so.
+"""
+import argparse
+import hashlib
+import json
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+VERSION = "llmgw-sim 1"
+WORDS = ("this", "is", "a", "simulated", "reply", "from", "the", "llmgw", "demo", "engine",
+         "no", "model", "weights", "were", "loaded", "tokens", "arrive", "one", "by", "another")
+
+
+def words_for(prompt, n):
+    seed = int(hashlib.sha256(prompt.encode()).hexdigest(), 16)
+    return [WORDS[(seed >> (i % 200)) % len(WORDS)] if i > 5 else WORDS[i] for i in range(n)]
+
+
+def prompt_of(body):
+    if "messages" in body:
+        return " ".join(str(m.get("content", "")) for m in body.get("messages", []))
+    return str(body.get("prompt", ""))
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "llmgw-sim"
+
+    def log_message(self, fmt, *args):
+        sys.stderr.write("sim: %s %s\n" % (self.address_string(), fmt % args))
+        sys.stderr.flush()
+
+    def _json(self, status, obj):
+        data = json.dumps(obj).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        if self.path == "/health":
+            return self._json(200, {"status": "ok"})
+        if self.path == "/v1/models":
+            return self._json(200, {"object": "list", "data": [
+                {"id": self.server.model, "object": "model", "owned_by": "llmgw-sim"}]})
+        return self._json(404, {"error": {"message": "not found", "type": "not_found_error"}})
+
+    def do_POST(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            body = json.loads(self.rfile.read(length) or b"{}")
+        except ValueError:
+            return self._json(400, {"error": {"message": "body is not JSON", "type": "invalid_request_error"}})
+        if self.path == "/v1/embeddings":
+            return self._embeddings(body)
+        if self.path not in ("/v1/chat/completions", "/v1/completions"):
+            return self._json(404, {"error": {"message": "not found", "type": "not_found_error"}})
+        chat = self.path.endswith("chat/completions")
+        prompt = prompt_of(body)
+        n = max(1, min(int(body.get("max_tokens") or 16), 4096))
+        words = words_for(prompt, n)
+        usage = {"prompt_tokens": len(prompt.split()) + 1, "completion_tokens": n,
+                 "total_tokens": len(prompt.split()) + 1 + n}
+        ident = "sim-%d" % int(time.time() * 1000)
+        if body.get("stream"):
+            return self._stream(ident, chat, words, usage, body)
+        text = " ".join(words)
+        choice = ({"index": 0, "message": {"role": "assistant", "content": text},
+                   "finish_reason": "length"} if chat else
+                  {"index": 0, "text": text, "finish_reason": "length"})
+        self._json(200, {"id": ident, "object": "chat.completion" if chat else "text_completion",
+                         "created": int(time.time()), "model": self.server.model,
+                         "choices": [choice], "usage": usage})
+
+    def _stream(self, ident, chat, words, usage, body):
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        kind = "chat.completion.chunk" if chat else "text_completion"
+
+        def send(obj):
+            self.wfile.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
+            self.wfile.flush()
+
+        def chunk(delta, finish=None):
+            c = ({"index": 0, "delta": delta, "finish_reason": finish} if chat else
+                 {"index": 0, "text": delta.get("content", ""), "finish_reason": finish})
+            return {"id": ident, "object": kind, "created": int(time.time()),
+                    "model": self.server.model, "choices": [c]}
+        try:
+            if chat:
+                send(chunk({"role": "assistant", "content": ""}))
+            for i, word in enumerate(words):
+                time.sleep(self.server.delay)
+                send(chunk({"content": word if i == 0 else " " + word}))
+            send(chunk({}, "length"))
+            if (body.get("stream_options") or {}).get("include_usage"):
+                send({"id": ident, "object": kind, "created": int(time.time()),
+                      "model": self.server.model, "choices": [], "usage": usage})
+            self.wfile.write(b"data: [DONE]\n\n")
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            self.log_message("client went away after part of a stream")
+        self.close_connection = True
+
+    def _embeddings(self, body):
+        inputs = body.get("input", "")
+        inputs = inputs if isinstance(inputs, list) else [inputs]
+        data = []
+        for i, text in enumerate(inputs):
+            digest = hashlib.sha256(str(text).encode()).digest()
+            data.append({"object": "embedding", "index": i,
+                         "embedding": [(b - 128) / 128 for b in digest]})
+        self._json(200, {"object": "list", "data": data, "model": self.server.model,
+                         "usage": {"prompt_tokens": len(inputs), "total_tokens": len(inputs)}})
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="sim")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8081)
+    p.add_argument("--token-delay", type=float, default=0.02, help="seconds between streamed tokens")
+    p.add_argument("--version", action="store_true")
+    args = p.parse_args(argv)
+    if args.version:
+        print("version: " + VERSION)
+        return 0
+    server = ThreadingHTTPServer((args.host, args.port), Handler)
+    server.daemon_threads = True
+    server.model, server.delay = args.model, args.token_delay
+    print("sim: serving %s on %s:%d" % (args.model, args.host, args.port), flush=True)
+    server.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Operations that join a fact, a plan and an executor, recording state in the database."""

@@ -1,0 +1,74 @@
+"""Model files: fetched once into the control plane's cache, pushed to each node that needs them."""
+import asyncio
+import hashlib
+import posixpath
+import urllib.parse
+from pathlib import Path
+
+import requests
+
+from ..errors import InstallError, LlmgwError
+from ..executors.release import sha256_file
+from ..plans.placement import slug
+
+
+def check_source(source):
+    """Return (kind, normalised source) for a path on this machine or an http(s) URL."""
+    parsed = urllib.parse.urlparse(source)
+    if parsed.scheme in ("http", "https"):
+        return "url", source
+    path = Path(source).expanduser().resolve()
+    if not path.is_file():
+        raise LlmgwError(f"--file {source}: no such file on this machine; give a GGUF path or an "
+                         f"http(s) URL.")
+    return "path", str(path)
+
+
+def local_copy(source, cache_dir, sha256=""):
+    """Return a local path holding the model file (downloading a URL once into the cache)."""
+    kind, where = check_source(source)
+    if kind == "path":
+        return Path(where)
+    name = posixpath.basename(urllib.parse.urlparse(where).path) or "model.gguf"
+    target = Path(cache_dir) / "models" / hashlib.sha256(where.encode()).hexdigest()[:16] / name
+    if target.exists() and (not sha256 or sha256_file(target) == sha256):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    part = target.with_name(name + ".partial")
+    try:
+        with requests.get(where, stream=True, timeout=60) as resp:
+            resp.raise_for_status()
+            with open(part, "wb") as f:
+                for chunk in resp.iter_content(1 << 20):
+                    f.write(chunk)
+    except requests.RequestException as e:
+        part.unlink(missing_ok=True)
+        raise InstallError(f"downloading the model from {where} failed: {e}") from e
+    if sha256 and sha256_file(part) != sha256:
+        part.unlink(missing_ok=True)
+        raise InstallError(f"the model from {where} does not match its sha256 {sha256[:12]}…")
+    part.replace(target)
+    return target
+
+
+def remote_path(base_dir, model):
+    return posixpath.join(base_dir, "models", f"{slug(model.name)}-{model.sha256[:12]}.gguf")
+
+
+async def ensure_on_node(transport, base_dir, model, cache_dir):
+    """Put the model's file on the node unless an intact copy is already there; return its path."""
+    if not model.source:
+        return ""
+    path = remote_path(base_dir, model)
+    have = await transport.run(["sha256sum", path])
+    if have.ok and have.stdout.split()[:1] == [model.sha256]:
+        return path
+    local = await asyncio.to_thread(local_copy, model.source, cache_dir, model.sha256)
+    await transport.check(["mkdir", "-p", posixpath.dirname(path)])
+    await transport.put(str(local), path + ".partial")
+    got = (await transport.check(["sha256sum", path + ".partial"])).stdout.split()[:1]
+    if got != [model.sha256]:
+        raise InstallError(f"{model.name}'s file arrived on the node damaged (sha256 "
+                           f"{(got or ['?'])[0][:12]}…, expected {model.sha256[:12]}…)")
+    await transport.check(["mv", path + ".partial", path])
+    return path

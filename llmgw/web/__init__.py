@@ -1,0 +1,48 @@
+"""Web: one blueprint per noun. Pages render templates; HTMX asks for the partials."""
+import secrets
+
+from flask import abort, request, session
+from flask_login import LoginManager
+
+from ..models import User
+
+login_manager = LoginManager()
+login_manager.login_view = "auth.login"
+login_manager.login_message = "Log in to see the cluster."
+
+
+@login_manager.user_loader
+def _load_user(user_id):
+    from .auth import LoginUser
+    user = User.get_or_none(User.id == int(user_id))
+    return LoginUser(user) if user and user.is_active else None
+
+
+def csrf_token():
+    """Return this session's CSRF token, creating it on first use."""
+    if "csrf" not in session:
+        session["csrf"] = secrets.token_urlsafe(24)
+    return session["csrf"]
+
+
+def _check_csrf():
+    if request.method != "POST" or request.blueprint in ("gateway", None):
+        return
+    sent = request.form.get("csrf_token") or request.headers.get("X-CSRF-Token")
+    if not sent or sent != session.get("csrf"):
+        abort(400, "The form's CSRF token is missing or stale; reload the page and try again.")
+
+
+def is_htmx():
+    """Return whether this request came from HTMX (so a partial is wanted)."""
+    return request.headers.get("HX-Request") == "true"
+
+
+def register(app):
+    from . import auth, cluster, gateway, health
+
+    login_manager.init_app(app)
+    app.jinja_env.globals["csrf_token"] = csrf_token
+    app.before_request(_check_csrf)
+    for module in (auth, cluster, gateway, health):
+        app.register_blueprint(module.bp)

@@ -1,0 +1,93 @@
+"""The cluster page, a node's page, and its live log pane."""
+from flask import Blueprint, abort, render_template, request, url_for
+from flask_login import login_required
+
+from ..models import EngineInstall, LogRequest, Model, Node, Replica, utcnow
+from ..plans import placement
+from ..plans.launch import supervisor_for
+from . import is_htmx
+
+bp = Blueprint("cluster", __name__)
+REQUEST_PATIENCE_SECONDS = 15
+
+
+def cluster_view():
+    """Return what the cluster page shows: nodes with installs and replicas, models and refusals."""
+    nodes = list(Node.select().order_by(Node.name))
+    installs = {}
+    for row in EngineInstall.select():
+        installs.setdefault(row.node_id, []).append(row)
+    replicas = {}
+    for row in Replica.select(Replica, Model).join(Model).order_by(Replica.name):
+        replicas.setdefault(row.node_id, []).append(row)
+    facts = [{"name": n.name, "reachable": n.reachable,
+              "installs": {i.engine: (i.state, i.detail) for i in installs.get(n.id, [])}}
+             for n in nodes]
+    models = []
+    for m in Model.select().order_by(Model.name):
+        ready = sum(1 for rs in replicas.values() for r in rs if r.model_id == m.id and r.state == "ready")
+        placed = sum(1 for rs in replicas.values() for r in rs if r.model_id == m.id)
+        why = ""
+        if placed < m.replicas:
+            cands = placement.candidates(facts, m.engine)
+            why = "; ".join(f"{c.node}: {c.reason}" for c in cands if not c.ok) or "no nodes yet"
+        models.append({"model": m, "ready": ready, "placed": placed, "why": why})
+    return {"nodes": nodes, "installs": installs, "replicas": replicas, "models": models,
+            "supervisor": {n.id: supervisor_for(n.facts or {}) for n in nodes}}
+
+
+@bp.get("/")
+@login_required
+def index():
+    template = "_cluster.html" if is_htmx() else "cluster.html"
+    return render_template(template, **cluster_view())
+
+
+def _node(name):
+    node = Node.get_or_none(Node.name == name)
+    if node is None:
+        abort(404, f"There is no node called {name!r}.")
+    return node
+
+
+@bp.get("/nodes/<name>")
+@login_required
+def node_page(name):
+    node = _node(name)
+    reps = list(Replica.select().where(Replica.node == node).order_by(Replica.name))
+    source = request.args.get("source") or (reps[0].name if reps else "")
+    if source and source not in {r.name for r in reps}:
+        abort(404, f"{name} runs no replica called {source!r}.")
+    req = _ask(node, source, "") if source else None
+    return render_template("node.html", node=node, replicas=reps, source=source, req=req,
+                           installs=list(node.installs), supervisor=supervisor_for(node.facts or {}))
+
+
+def _ask(node, source, cursor):
+    return LogRequest.create(node=node, source=source, cursor=cursor,
+                             lines=100 if not cursor else 1000)
+
+
+@bp.get("/nodes/<name>/logs/<int:req_id>")
+@login_required
+def log_poll(name, req_id):
+    """Answer a log pane's poll: new lines and the next poller, 204 while the reconciler works."""
+    node = _node(name)
+    req = LogRequest.get_or_none(LogRequest.id == req_id, LogRequest.node == node)
+    if req is None:
+        abort(404, "That log request has expired; reload the page.")
+    if req.state == "pending":
+        waited = (utcnow() - req.created).total_seconds()
+        if waited < REQUEST_PATIENCE_SECONDS:
+            return "", 204
+        return render_template("_log_lines.html", node=node, lines=[], next_req=req,
+                               stalled=int(waited))
+    nxt = _ask(node, req.source, req.next_cursor or req.cursor)
+    req.delete_instance()
+    return render_template("_log_lines.html", node=node, lines=req.result or [], next_req=nxt,
+                           failed=req.state == "failed")
+
+
+@bp.app_context_processor
+def _helpers():
+    return {"log_poll_url": lambda node, req: url_for("cluster.log_poll", name=node.name, req_id=req.id)}

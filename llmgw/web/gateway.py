@@ -1,0 +1,158 @@
+"""The OpenAI-compatible gateway: /v1/models, chat, completions, embeddings.
+
+The request path touches the database at most through two small in-memory
+caches (keys and routes) refreshed every few seconds, and never SSH: engines
+are reached over HTTP at the endpoints the reconciler recorded.
+"""
+import itertools
+import threading
+import time
+
+import requests
+from flask import Blueprint, Response, current_app, jsonify, request, stream_with_context
+
+from ..models import Model, Node, Replica
+from ..services import tenancy
+
+bp = Blueprint("gateway", __name__, url_prefix="/v1")
+ENGINE_PATHS = {"chat/completions", "completions", "embeddings"}
+KEY_CACHE_SECONDS = 5
+
+
+def error(status, message, kind, code=None, param=None, headers=None):
+    """Return an error in OpenAI's JSON shape."""
+    resp = jsonify({"error": {"message": message, "type": kind, "param": param, "code": code}})
+    resp.status_code = status
+    for k, v in (headers or {}).items():
+        resp.headers[k] = v
+    return resp
+
+
+class Routes:
+    """The ready replicas per model, re-read from the database every few seconds."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.loaded = 0.0
+        self.models = {}
+        self.inflight = {}
+        self.turn = itertools.count()
+
+    def refresh(self, max_age):
+        if time.monotonic() - self.loaded < max_age:
+            return
+        with self.lock:
+            models = {m.name: {"ready": [], "why": []} for m in Model.select()}
+            query = (Replica.select(Replica, Model, Node).join(Model).switch(Replica).join(Node))
+            for r in query:
+                entry = models.setdefault(r.model.name, {"ready": [], "why": []})
+                if r.state == "ready" and r.endpoint:
+                    entry["ready"].append(r.endpoint)
+                else:
+                    entry["why"].append(f"{r.name} on {r.node.name}: {r.state}"
+                                        + (f" ({r.detail})" if r.detail else ""))
+            self.models, self.loaded = models, time.monotonic()
+
+    def pick(self, model):
+        """Return ready endpoints, least outstanding first (ties rotate)."""
+        endpoints = list(self.models[model]["ready"])
+        turn = next(self.turn)
+        return sorted(endpoints, key=lambda e: (self.inflight.get(e, 0),
+                                                (endpoints.index(e) - turn) % max(len(endpoints), 1)))
+
+
+routes = Routes()
+_keys = {}
+
+
+def authenticate():
+    """Return the API key row for the request's bearer token, or None."""
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    token = token.strip()
+    cached = _keys.get(token)
+    if cached and time.monotonic() - cached[1] < KEY_CACHE_SECONDS:
+        return cached[0]
+    row = tenancy.lookup_key(token)
+    _keys[token] = (row, time.monotonic())
+    return row
+
+
+@bp.before_request
+def _auth():
+    key = authenticate()
+    if key is None:
+        return error(401, "Missing or invalid API key. Send 'Authorization: Bearer <key>' with a key "
+                          "from `flask llmgw keys create`.", "invalid_request_error", "invalid_api_key")
+    request.llmgw_key = key
+    routes.refresh(current_app.config["LLMGW"]["gateway"]["route_cache_seconds"])
+    return None
+
+
+@bp.get("/models")
+def list_models():
+    data = [{"id": name, "object": "model", "created": 0, "owned_by": "llmgw"}
+            for name in sorted(routes.models)]
+    return jsonify({"object": "list", "data": data})
+
+
+@bp.post("/<path:path>")
+def relay(path):
+    if path not in ENGINE_PATHS:
+        return error(404, f"/v1/{path} is not an endpoint of this gateway.", "invalid_request_error",
+                     "unknown_url")
+    body = request.get_json(force=True, silent=True)
+    if not isinstance(body, dict):
+        return error(400, "The request body must be a JSON object.", "invalid_request_error")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        return error(400, "'model' is required and must be a string.", "invalid_request_error",
+                     param="model")
+    if model not in routes.models:
+        names = ", ".join(sorted(routes.models)) or "none"
+        return error(404, f"The model '{model}' does not exist (models: {names}).",
+                     "invalid_request_error", "model_not_found", "model")
+    endpoints = routes.pick(model)
+    if not endpoints:
+        why = "; ".join(routes.models[model]["why"]) or "no replica has been placed yet"
+        return error(503, f"No ready replica of '{model}': {why}.", "server_error",
+                     "no_ready_replica", headers={"Retry-After": "5"})
+    return forward(endpoints, path, request.get_data(), bool(body.get("stream")))
+
+
+def forward(endpoints, path, data, stream):
+    """Send the request to the first endpoint that answers; relay its response unbuffered."""
+    g = current_app.config["LLMGW"]["gateway"]
+    last = None
+    for endpoint in endpoints[:3]:
+        routes.inflight[endpoint] = routes.inflight.get(endpoint, 0) + 1
+        try:
+            upstream = requests.post(f"{endpoint}/v1/{path}", data=data, stream=True,
+                                     headers={"Content-Type": "application/json"},
+                                     timeout=(g["connect_timeout"], g["read_timeout"]))
+        except requests.RequestException as e:
+            routes.inflight[endpoint] -= 1
+            last = e
+            continue  # nothing reached the client yet, so another replica may answer
+        return _relay(upstream, endpoint, stream)
+    return error(502, f"No replica answered ({last}).", "server_error", "upstream_unreachable")
+
+
+def _relay(upstream, endpoint, stream):
+    def body():
+        try:
+            if not stream:
+                yield upstream.content
+                return
+            # read1 returns what has arrived instead of waiting for a full buffer, chunked or not.
+            while chunk := upstream.raw.read1(65536, decode_content=True):
+                yield chunk
+        finally:
+            upstream.close()
+            routes.inflight[endpoint] -= 1
+
+    headers = {"Content-Type": upstream.headers.get("Content-Type", "application/json"),
+               "X-Accel-Buffering": "no", "Cache-Control": "no-cache"}
+    return Response(stream_with_context(body()), status=upstream.status_code, headers=headers)

@@ -1,0 +1,90 @@
+"""Fixtures in the flaskr style: a fresh control plane root and database per test."""
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from llmgw import create_app, migrate
+from llmgw.models import database
+from llmgw.services import tenancy
+
+TOP = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def root(tmp_path, monkeypatch):
+    """An empty llmgw root; LLMGW_ROOT points at it."""
+    r = tmp_path / "root"
+    r.mkdir()
+    monkeypatch.setenv("LLMGW_ROOT", str(r))
+    return r
+
+
+@pytest.fixture
+def app(root):
+    app = create_app({"TESTING": True, "ROOT": str(root)})
+    database.connect(reuse_if_open=True)
+    migrate.upgrade(database.obj)
+    tenancy.ensure_default_project()
+    yield app
+    database.close()
+
+
+@pytest.fixture
+def client(app):
+    return app.test_client()
+
+
+@pytest.fixture
+def runner(app):
+    return app.test_cli_runner()
+
+
+class Auth:
+    def __init__(self, client):
+        self.client = client
+
+    def login(self, email="admin@example.com", password=None):
+        page = self.client.get("/login")
+        token = page.get_data(as_text=True).split('name="csrf_token" value="')[1].split('"')[0]
+        return self.client.post("/login", data={"email": email, "password": password,
+                                                "csrf_token": token})
+
+
+@pytest.fixture
+def auth(client, app):
+    user, password = tenancy.ensure_admin("admin@example.com")
+    a = Auth(client)
+    a.password = password
+    return a
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def sim_engine():
+    """A real simulated engine process on a free loopback port; yields its base URL."""
+    import time
+    import requests
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(TOP / "llmgw" / "scripts" / "sim_engine.py"),
+                             "--model", "sim", "--port", str(port), "--token-delay", "0.01"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(100):
+        try:
+            if requests.get(url + "/health", timeout=1).status_code == 200:
+                break
+        except requests.RequestException:
+            time.sleep(0.05)
+    yield url
+    proc.terminate()
+    proc.wait(timeout=10)

@@ -1,0 +1,71 @@
+"""init is idempotent, configuration errors name the fix, migrations go both ways."""
+from llmgw import config, migrate
+from llmgw.cli import llmgw
+from llmgw.errors import ConfigError
+from llmgw.models import User, database
+
+import pytest
+
+
+def test_init_twice_changes_nothing_the_second_time(runner, root):
+    first = runner.invoke(llmgw, ["init", "--root", str(root), "--admin", "ops@example.com"])
+    assert first.exit_code == 0, first.output
+    assert "password:" in first.output and "wrote" in first.output
+    config_text = (root / "server.toml").read_text()
+    key = (root / "ssh" / "id_ed25519").read_bytes()
+    second = runner.invoke(llmgw, ["init", "--root", str(root), "--admin", "ops@example.com"])
+    assert second.exit_code == 0, second.output
+    assert "password:" not in second.output
+    for step in ("config", "ssh identity", "default project", "administrator"):
+        line = next(x for x in second.output.splitlines() if x.strip().startswith(step))
+        assert "kept" in line, line
+    assert (root / "server.toml").read_text() == config_text
+    assert (root / "ssh" / "id_ed25519").read_bytes() == key
+    assert oct((root / "ssh" / "id_ed25519").stat().st_mode & 0o777) == "0o600"
+    assert User.select().count() == 1
+
+
+def test_a_bad_admin_email_is_refused_by_name(runner, root):
+    result = runner.invoke(llmgw, ["init", "--root", str(root), "--admin", "nobody"])
+    assert result.exit_code != 0 and "'nobody' is not an email address" in result.output
+
+
+def test_keys_are_shown_once_and_listed_by_prefix(runner, root):
+    runner.invoke(llmgw, ["init", "--root", str(root)])
+    made = runner.invoke(llmgw, ["keys", "create", "--root", str(root), "--project", "default"])
+    key = made.output.splitlines()[0]
+    assert key.startswith("sk-llmgw-")
+    listed = runner.invoke(llmgw, ["keys", "list", "--root", str(root)])
+    assert key[:15] in listed.output and key not in listed.output
+    missing = runner.invoke(llmgw, ["keys", "create", "--root", str(root), "--project", "nope"])
+    assert "no project named 'nope' (projects: default)" in missing.output
+
+
+def test_add_node_refuses_a_name_with_shell_characters(runner, root):
+    runner.invoke(llmgw, ["init", "--root", str(root)])
+    result = runner.invoke(llmgw, ["add-node", "a;touch /tmp/pwned", "--addr", "127.0.0.1",
+                                   "--root", str(root)])
+    assert result.exit_code != 0 and "is not a usable node name" in result.output
+
+
+def test_an_unknown_config_key_is_named(root):
+    (root / "server.toml").write_text("[server]\nlisten = '1.2.3.4:1'\nlisen = 1\n")
+    with pytest.raises(ConfigError, match="unknown key server.lisen"):
+        config.load(str(root))
+
+
+def test_environment_overrides_the_file(root, monkeypatch):
+    monkeypatch.setenv("LLMGW_RECONCILER_INTERVAL", "9")
+    assert config.load(str(root))["reconciler"]["interval"] == 9
+    monkeypatch.setenv("LLMGW_RECONCILER_INTERVAL", "soon")
+    with pytest.raises(ConfigError, match="LLMGW_RECONCILER_INTERVAL='soon' is not a whole number"):
+        config.load(str(root))
+
+
+def test_migrations_apply_revert_and_apply_again(app):
+    db = database.obj
+    assert migrate.upgrade(db) == []
+    migrate.downgrade(db, 0)
+    assert "node" not in db.get_tables()
+    assert migrate.upgrade(db) == ["0001_initial"]
+    assert "node" in db.get_tables()

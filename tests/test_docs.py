@@ -1,0 +1,22 @@
+"""Every configuration key and every command is documented in docs/reference.md."""
+from pathlib import Path
+
+from llmgw import config
+from llmgw.cli import llmgw
+
+REFERENCE = (Path(__file__).resolve().parent.parent / "docs" / "reference.md").read_text()
+
+
+def test_every_config_key_is_documented():
+    missing = [f"{s}.{k}" for s, keys in config.DEFAULTS.items() for k in keys
+               if f"`{s}.{k}`" not in REFERENCE]
+    assert missing == []
+
+
+def test_every_command_is_documented(app):
+    names = []
+    for name, cmd in llmgw.commands.items():
+        subs = getattr(cmd, "commands", None)
+        names += [f"{name} {s}" for s in subs] if subs else [name]
+    missing = [n for n in names if f"`{n}" not in REFERENCE]
+    assert missing == []

@@ -1,0 +1,102 @@
+"""The whole path on one machine without root: a local node, the simulated engine, the gateway."""
+import asyncio
+import json
+import time
+
+import pytest
+
+from llmgw.models import LogRequest, Model, Replica
+from llmgw.plans import launch
+from llmgw.reconciler import Reconciler
+from llmgw.services import nodes, tenancy
+from llmgw.services.replicas import running_units
+from llmgw.executors.transport import LocalTransport
+
+
+@pytest.fixture
+def cluster(app, tmp_path):
+    conf = app.config["LLMGW"]
+    conf["engines"]["llamacpp"] = ""
+    node = asyncio.run(nodes.add_local_node("local", str(tmp_path / "node")))
+    Model.create(name="demo", engine="sim", source="", sha256="", replicas=1,
+                 args=["--token-delay", "0.05"])
+    _, key = tenancy.create_key("default")
+    yield {"conf": conf, "node": node, "key": key}
+    t = LocalTransport()
+    for unit in asyncio.run(running_units(t, "setsid", node.base_dir)):
+        asyncio.run(t.run(launch.stop_argv("setsid", f"llmgw-{unit}", node.base_dir)))
+
+
+def converge(conf, until, timeout=30):
+    async def go():
+        rec = Reconciler(conf)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            await rec.pass_once()
+            if until():
+                return rec
+            await asyncio.sleep(0.3)
+        raise AssertionError("did not converge: " + "; ".join(
+            f"{r.name} {r.state} {r.detail}" for r in Replica.select()))
+    return asyncio.run(go())
+
+
+def ready():
+    return [r for r in Replica.select() if r.state == "ready"]
+
+
+def test_a_local_node_serves_a_chat_completion_through_the_gateway(cluster, client):
+    converge(cluster["conf"], lambda: len(ready()) == 1)
+    headers = {"Authorization": f"Bearer {cluster['key']}"}
+    resp = client.post("/v1/chat/completions", headers=headers, json={
+        "model": "demo", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
+    assert resp.status_code == 200
+    body = resp.get_json()
+    assert body["choices"][0]["message"]["content"].startswith("this is a")
+    assert body["usage"]["completion_tokens"] == 4
+
+
+def test_a_stream_is_relayed_chunk_by_chunk(cluster, client):
+    converge(cluster["conf"], lambda: len(ready()) == 1)
+    resp = client.post("/v1/chat/completions", headers={"Authorization": f"Bearer {cluster['key']}"},
+                       json={"model": "demo", "stream": True, "max_tokens": 5,
+                             "messages": [{"role": "user", "content": "hi"}]}, buffered=False)
+    assert resp.status_code == 200 and resp.headers["X-Accel-Buffering"] == "no"
+    events = [e for e in b"".join(resp.response).decode().split("\n\n") if e.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    words = [json.loads(e[6:])["choices"][0]["delta"].get("content", "") for e in events[:-1]]
+    assert "".join(words) == "this is a simulated reply"
+
+
+def test_a_restarted_reconciler_adopts_instead_of_duplicating(cluster):
+    conf, node = cluster["conf"], cluster["node"]
+    converge(conf, lambda: len(ready()) == 1)
+    before = Replica.get().endpoint
+    converge(conf, lambda: len(ready()) == 1)  # a new Reconciler object: a restarted process
+    units = asyncio.run(running_units(LocalTransport(), "setsid", node.base_dir))
+    assert units == {"demo-0"}
+    assert Replica.select().count() == 1 and Replica.get().endpoint == before
+
+
+def test_the_log_pane_is_answered_by_the_reconciler(cluster, client, auth):
+    conf = cluster["conf"]
+    converge(conf, lambda: len(ready()) == 1)
+    auth.login(password=auth.password)
+    page = client.get("/nodes/local")
+    assert page.status_code == 200 and b"logpane" in page.data
+    req = LogRequest.get(LogRequest.state == "pending")
+    assert client.get(f"/nodes/local/logs/{req.id}").status_code == 204
+    asyncio.run(Reconciler(conf).answer_log_requests())
+    lines = client.get(f"/nodes/local/logs/{req.id}")
+    assert lines.status_code == 200
+    assert b"sim: serving demo" in lines.data
+    assert b"hx-get=\"/nodes/local/logs/" in lines.data
+
+
+def test_a_model_without_a_ready_replica_is_a_503_with_the_reason(app, client):
+    Model.create(name="lonely", engine="llamacpp", source="/x.gguf", sha256="0" * 64, replicas=1)
+    _, key = tenancy.create_key("default")
+    resp = client.post("/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                       json={"model": "lonely", "messages": []})
+    assert resp.status_code == 503
+    assert "No ready replica of 'lonely'" in resp.get_json()["error"]["message"]

@@ -1,0 +1,127 @@
+"""Pure plans: builds per host, placement and adoption, archive safety, packages, launch argv."""
+import pytest
+
+from llmgw.plans import archive, launch, packages, placement
+from llmgw.plans.engines import Unsupported, choose, slow_cpu_warning
+
+X64 = {"arch": "amd64", "machine": "x86_64", "cpu_flags": ["avx", "avx2"], "nvidia_driver": ""}
+
+
+def test_an_x64_host_gets_the_cpu_build():
+    b = choose("llamacpp", "b10991", X64)
+    assert b.variant == "cpu"
+    assert b.assets == ("llama-b10991-bin-ubuntu-x64.tar.gz",)
+    assert b.packages == {"deb": ("libgomp1",), "rpm": ("libgomp",)}
+
+
+def test_an_arm64_host_gets_the_arm64_asset():
+    b = choose("llamacpp", "b10991", {"arch": "arm64", "cpu_flags": ["asimd"]})
+    assert b.assets == ("llama-b10991-bin-ubuntu-arm64.tar.gz",)
+    assert slow_cpu_warning(b, {"cpu_flags": ["asimd"]}) == ""
+
+
+def test_a_host_with_an_nvidia_driver_gets_the_cuda_and_cudart_assets():
+    b = choose("llamacpp", "b10991", dict(X64, nvidia_driver="550.54.15"))
+    assert b.variant == "cuda-12.8"
+    assert b.assets == ("llama-b10991-bin-ubuntu-cuda-12.8-x64.tar.gz",
+                        "cudart-llama-b10991-bin-ubuntu-cuda-12.8-x64.tar.gz")
+
+
+def test_riscv64_is_unsupported_with_a_reason():
+    with pytest.raises(Unsupported, match="no Linux build for riscv64"):
+        choose("llamacpp", "b10991", {"arch": "riscv64", "machine": "riscv64"})
+
+
+def test_a_cpu_without_avx2_gets_a_standing_warning():
+    b = choose("llamacpp", "b10991", X64)
+    warning = slow_cpu_warning(b, {"cpu_flags": ["avx"]})
+    assert "lacks AVX2" in warning and "several times slower" in warning
+
+
+def test_the_simulated_engine_needs_python3():
+    with pytest.raises(Unsupported, match="python3"):
+        choose("sim", "builtin", {"tools": []})
+
+
+def nodes(*specs):
+    return [{"name": n, "reachable": r, "installs": {"llamacpp": (s, "")}} for n, r, s in specs]
+
+
+def test_a_node_still_installing_is_not_a_candidate():
+    cands = placement.candidates(nodes(("a", True, "installing"), ("b", True, "ready")), "llamacpp")
+    assert [(c.node, c.ok) for c in cands] == [("a", False), ("b", True)]
+    assert cands[0].reason == "llamacpp installing"
+
+
+def test_replicas_spread_over_ready_nodes():
+    cands = placement.candidates(nodes(("a", True, "ready"), ("b", True, "ready")), "llamacpp")
+    placed, refusal = placement.assign(["m-0", "m-1"], {}, {}, cands)
+    assert sorted(placed.values()) == ["a", "b"] and refusal == ""
+
+
+def test_a_running_unit_is_adopted_where_it_runs():
+    cands = placement.candidates(nodes(("a", True, "ready"), ("b", True, "ready")), "llamacpp")
+    placed, _ = placement.assign(["m-0", "m-1"], {}, {"b": {"m-0"}, "a": set()}, cands)
+    assert placed["m-0"] == "b" and placed["m-1"] == "a"
+
+
+def test_no_candidate_gives_a_refusal_naming_each_node():
+    cands = placement.candidates(nodes(("a", False, "ready"), ("b", True, "failed")), "llamacpp")
+    placed, refusal = placement.assign(["m-0"], {}, {}, cands)
+    assert placed == {}
+    assert refusal == "no node can run it (a: unreachable; b: llamacpp failed)"
+
+
+def test_free_port_skips_used_ones():
+    assert placement.free_port({18000, 18001}, "18000-18010") == 18002
+    with pytest.raises(ValueError, match="widen reconciler.port_range"):
+        placement.free_port({1, 2}, "1-2")
+
+
+@pytest.mark.parametrize("members,expected", [
+    ([("build/bin/llama-server", "file", "")], []),
+    ([("build/bin/libllama.so", "symlink", "libllama.so.1")], []),
+    ([("../../etc/cron.d/x", "file", "")], ["../../etc/cron.d/x would unpack outside the install directory"]),
+    ([("/etc/passwd", "file", "")], ["/etc/passwd would unpack outside the install directory"]),
+    ([("build/lib", "symlink", "../../../usr/lib")], ["build/lib is a link to ../../../usr/lib, outside the install directory"]),
+    ([("build/x", "symlink", "/etc/shadow")], ["build/x is a link to /etc/shadow, outside the install directory"]),
+    ([("dev", "other", "")], ["dev is a device or FIFO, which a release archive has no need of"]),
+])
+def test_archive_members_outside_the_directory_are_refused(members, expected):
+    assert archive.refusals(members) == expected
+
+
+def test_debian_family_installs_with_apt_get_and_a_lock_timeout():
+    tool, cmds = packages.install_plan("deb", ["libgomp1"], ["apt-get"])
+    assert tool == "apt-get"
+    assert cmds[-1][-4:] == ["install", "-y", "--no-install-recommends", "libgomp1"]
+
+
+def test_rpm_family_prefers_dnf():
+    assert packages.install_plan("rpm", ["libgomp"], ["yum", "dnf"]) == ("dnf", [["dnf", "install", "-y", "libgomp"]])
+
+
+def test_a_held_lock_is_recognised():
+    assert packages.lock_held("E: Could not get lock /var/lib/apt/lists/lock. It is held by process 1234")
+    assert not packages.lock_held("E: Unable to locate package libgomp1x")
+
+
+def test_systemd_launch_is_a_transient_unit_with_restart():
+    argv = launch.start_argv("systemd", "llmgw-m-0", ["/opt/x/llama-server", "-m", "a b"], "/opt/llmgw")
+    assert argv[:3] == ["systemd-run", "--unit=llmgw-m-0", "--property=Restart=on-failure"]
+    assert argv[-3:] == ["/opt/x/llama-server", "-m", "a b"]
+
+
+def test_fallback_launch_keeps_user_strings_as_arguments():
+    argv = launch.start_argv("setsid", "llmgw-m-0", ["python3", "x.py", "$(id)"], "/opt/llmgw")
+    assert argv[-1] == "$(id)" and "setsid" in argv
+
+
+def test_units_are_parsed_from_listings():
+    assert launch.parse_units("llmgw-a-0\nllmgw-b-1\nother\n") == {"a-0", "b-1"}
+
+
+def test_supervisor_is_systemd_only_as_root_under_systemd():
+    assert launch.supervisor_for({"systemd": True, "uid": 0}) == "systemd"
+    assert launch.supervisor_for({"systemd": True, "uid": 1000}) == "setsid"
+    assert launch.supervisor_for({"systemd": False, "uid": 0}) == "setsid"
