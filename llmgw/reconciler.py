@@ -94,14 +94,16 @@ class Reconciler:
             node.save()
         except LlmgwError as e:
             self.running.pop(node.id, None)
-            self.transports.pop(node.id, None)
+            stale = self.transports.pop(node.id, None)
+            if stale is not None:
+                await stale.close()
             node.reachable, node.last_error = False, str(e)
             node.save()
             return
         installer = Installer(node, t, self.releases, self.conf["reconciler"]["verify_interval"])
         for engine, version in self.wanted_engines().items():
-            row = installer._row(engine, version)
-            if row.state in ("pending",) or row.version != version or row.next_check <= utcnow():
+            row = installer.row(engine, version)
+            if row.state == "pending" or row.version != version or row.next_check <= utcnow():
                 await installer.converge(engine, version)
 
     def place(self, all_nodes):

@@ -2,12 +2,12 @@
 import posixpath
 
 
-def engine_argv(engine, binary, model_path, model_name, port, extra_args):
-    """Return the engine's own argv for one replica."""
+def engine_argv(engine, binary, model_path, model_name, port, extra_args, host="0.0.0.0"):
+    """Return the engine's own argv for one replica, listening on host:port."""
     if engine == "sim":
-        return ["python3", binary, "--model", model_name, "--host", "0.0.0.0",
+        return ["python3", binary, "--model", model_name, "--host", host,
                 "--port", str(port), *extra_args]
-    return [binary, "-m", model_path, "--alias", model_name, "--host", "0.0.0.0",
+    return [binary, "-m", model_path, "--alias", model_name, "--host", host,
             "--port", str(port), "--metrics", *extra_args]
 
 

@@ -29,7 +29,7 @@ class Installer:
         self.verify_interval = verify_interval
         self.lock_retry = packages.LOCK_RETRY_SECONDS if lock_retry is None else lock_retry
 
-    def _row(self, engine, version):
+    def row(self, engine, version):
         row, _ = EngineInstall.get_or_create(node=self.node, engine=engine,
                                              defaults={"version": version})
         return row
@@ -42,7 +42,7 @@ class Installer:
 
     async def converge(self, engine, version):
         """Install or re-verify engine@version; return the row with its final state."""
-        row = self._row(engine, version)
+        row = self.row(engine, version)
         if row.version != version:
             row.version, row.failures = version, 0
         try:

@@ -104,8 +104,10 @@ class NodeReplicas:
                                             self.conf["engines"]["cache"])
         await self.t.run(launch.stop_argv(self.supervisor, replica.unit, self.node.base_dir))
         await self._take_free_port(replica)
+        # The control plane reaches a local node on loopback; nothing else should.
+        host = "127.0.0.1" if self.node.transport == "local" else "0.0.0.0"
         argv = launch.engine_argv(model.engine, install.binary, path, model.name, replica.port,
-                                  model.args or [])
+                                  model.args or [], host)
         await self.t.check(launch.start_argv(self.supervisor, replica.unit, argv, self.node.base_dir),
                            what=f"starting {replica.unit}")
         replica.supervisor = self.supervisor

@@ -17,6 +17,7 @@ from ..services import tenancy
 bp = Blueprint("gateway", __name__, url_prefix="/v1")
 ENGINE_PATHS = {"chat/completions", "completions", "embeddings"}
 KEY_CACHE_SECONDS = 5
+KEY_CACHE_MAX = 10000
 
 
 def error(status, message, kind, code=None, param=None, headers=None):
@@ -76,6 +77,8 @@ def authenticate():
     if cached and time.monotonic() - cached[1] < KEY_CACHE_SECONDS:
         return cached[0]
     row = tenancy.lookup_key(token)
+    if len(_keys) > KEY_CACHE_MAX:  # a flood of made-up keys must not grow the worker
+        _keys.clear()
     _keys[token] = (row, time.monotonic())
     return row
 
