@@ -58,9 +58,14 @@ class LocalTransport(Transport):
         self.name = name
 
     async def run(self, argv, input=None, timeout=None):
-        proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, start_new_session=True)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, start_new_session=True)
+        except (FileNotFoundError, PermissionError) as e:
+            # What a shell over SSH would say: exit 127/126 and a line on stderr.
+            status = 127 if isinstance(e, FileNotFoundError) else 126
+            return Result(list(argv), status, "", f"{argv[0]}: {e.strerror}")
         try:
             out, err = await asyncio.wait_for(
                 proc.communicate(input.encode() if isinstance(input, str) else input), timeout)

@@ -1,6 +1,9 @@
 """The argv that starts, finds and stops an engine under systemd or the setsid fallback."""
 import posixpath
 
+# Every unit llmgw starts carries this description; listings trust nothing else.
+DESCRIPTION = "llmgw engine"
+
 
 def engine_argv(engine, binary, model_path, model_name, port, extra_args, host="0.0.0.0"):
     """Return the engine's own argv for one replica, listening on host:port."""
@@ -28,7 +31,7 @@ def start_argv(supervisor, unit, argv, base_dir):
     """Return the argv that starts argv as unit under the supervisor and returns at once."""
     if supervisor == "systemd":
         return ["systemd-run", f"--unit={unit}", "--property=Restart=on-failure",
-                "--property=RestartSec=2", f"--description=llmgw engine {unit}",
+                "--property=RestartSec=2", f"--description={DESCRIPTION} {unit}",
                 "--collect", *argv]
     pidfile = posixpath.join(run_dir(base_dir), f"{unit}.pid")
     log = log_path(base_dir, unit)
@@ -43,8 +46,11 @@ def start_argv(supervisor, unit, argv, base_dir):
 def list_argv(supervisor, base_dir):
     """Return the argv listing running llmgw-* engines, one unit name per line."""
     if supervisor == "systemd":
+        # Only units we started: the description says so. A node may run other llmgw-*
+        # units (the control plane's own llmgw-web when it is also a node) that are not ours.
         return ["sh", "-c", "systemctl list-units --plain --no-legend --state=active 'llmgw-*' "
-                "| awk '{print $1}' | sed 's/\\.service$//'"]
+                f"| awk '$5 == \"{DESCRIPTION.split()[0]}\" && $6 == \"{DESCRIPTION.split()[1]}\" "
+                "{print $1}' | sed 's/\\.service$//'"]
     script = ('for f in "$0"/llmgw-*.pid; do [ -e "$f" ] || continue; '
               'p=$(cat "$f"); if [ -n "$p" ] && kill -0 "$p" 2>/dev/null; then '
               'basename "$f" .pid; else rm -f "$f"; fi; done')

@@ -83,6 +83,24 @@ class Installer:
         scratch = final + ".partial"
         await self.t.check(["rm", "-rf", scratch])
         await self.t.check(["mkdir", "-p", scratch])
+        try:
+            binary_rel, sums = await self._unpack_and_check(row, build, scratch)
+        except BaseException:
+            # Nothing of a failed install stays behind to be mistaken for part of one.
+            await self.t.run(["rm", "-rf", scratch])
+            raise
+        marker = json.dumps({"engine": build.engine, "version": build.version,
+                             "variant": build.variant, "binary": binary_rel, "sha256": sums,
+                             "installed": utcnow().isoformat()}, indent=1)
+        await self.t.check(["sh", "-c", 'cat > "$0"', posixpath.join(scratch, MARKER)], input=marker)
+        # Renamed into place only now: a half-finished install never looks installed.
+        await self.t.check(["rm", "-rf", final])
+        await self.t.check(["mv", scratch, final])
+        binary = posixpath.join(final, binary_rel)
+        return binary, await self._verify(build, binary)
+
+    async def _unpack_and_check(self, row, build, scratch):
+        """Fill scratch with the build and prove it runs; return (binary path inside, sha256s)."""
         sums = {}
         if build.engine == "sim":
             script = resources.files("llmgw").joinpath("scripts/sim_engine.py")
@@ -95,17 +113,8 @@ class Installer:
         paths = sorted(found.stdout.split(), key=len)
         if not paths:
             raise InstallError(f"the build has no {build.binary} in it")
-        binary_rel = posixpath.relpath(paths[0], scratch)
         await self._verify(build, paths[0])
-        marker = json.dumps({"engine": build.engine, "version": build.version,
-                             "variant": build.variant, "binary": binary_rel, "sha256": sums,
-                             "installed": utcnow().isoformat()}, indent=1)
-        await self.t.check(["sh", "-c", 'cat > "$0"', posixpath.join(scratch, MARKER)], input=marker)
-        # Renamed into place only now: a half-finished install never looks installed.
-        await self.t.check(["rm", "-rf", final])
-        await self.t.check(["mv", scratch, final])
-        binary = posixpath.join(final, binary_rel)
-        return binary, await self._verify(build, binary)
+        return posixpath.relpath(paths[0], scratch), sums
 
     async def _push_asset(self, row, build, asset, scratch):
         def progress(text):

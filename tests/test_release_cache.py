@@ -1,0 +1,92 @@
+"""Release metadata and archives: asked once, downloaded once, verified, refused when wrong.
+
+Against a local fake of GitHub's release API (the one boundary faked here, since GitHub
+cannot be reached from a test machine).
+"""
+import io
+import tarfile
+import threading
+
+import pytest
+
+from llmgw.errors import ReleaseError
+from llmgw.executors.release import ReleaseCache
+from llmgw.plans import archive
+from tests.harness.fake_github import FakeGitHub
+
+REPO = "ggml-org/llama.cpp"
+
+
+def tarball(members):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, kind, data in members:
+            info = tarfile.TarInfo(name)
+            if kind == "symlink":
+                info.type, info.linkname = tarfile.SYMTYPE, data
+                tar.addfile(info)
+            else:
+                info.size, info.mode = len(data), 0o755
+                tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+@pytest.fixture
+def github():
+    with FakeGitHub(redirect=True) as gh:
+        yield gh
+
+
+def cache_for(gh, tmp_path):
+    return ReleaseCache(tmp_path / "cache", gh.base_url, gh.base_url)
+
+
+def test_ten_nodes_cause_one_metadata_request_and_one_download(github, tmp_path):
+    github.add_release("b1", {"a.tar.gz": tarball([("build/bin/llama-server", "file", b"x")])})
+    cache = cache_for(github, tmp_path)
+    paths = []
+    threads = [threading.Thread(target=lambda: paths.append(cache.asset(REPO, "b1", "a.tar.gz")))
+               for _ in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(paths)) == 1 and len(paths) == 10
+    assert github.counts["metadata"] == 1
+    assert github.counts["download"] == {"a.tar.gz": 1}
+
+
+def test_a_wrong_digest_is_refused_and_nothing_is_kept(github, tmp_path):
+    github.add_release("b2", {"a.tar.gz": b"payload"}, digests={"a.tar.gz": "sha256:" + "0" * 64})
+    cache = cache_for(github, tmp_path)
+    with pytest.raises(ReleaseError, match="does not match the sha256 checksum"):
+        cache.asset(REPO, "b2", "a.tar.gz")
+    assert not list((tmp_path / "cache").rglob("a.tar.gz*"))
+
+
+def test_an_asset_without_a_digest_is_not_installed_unchecked(github, tmp_path):
+    github.add_release("b3", {"a.tar.gz": b"payload"}, digests={"a.tar.gz": ""})
+    with pytest.raises(ReleaseError, match="publishes no sha256 for a.tar.gz"):
+        cache_for(github, tmp_path).asset(REPO, "b3", "a.tar.gz")
+
+
+def test_rate_limiting_is_reported_as_such(github, tmp_path):
+    github.add_release("b4", {"a.tar.gz": b"payload"})
+    github.rate_limit(True)
+    with pytest.raises(ReleaseError, match="GitHub is rate-limiting this address"):
+        cache_for(github, tmp_path).digests(REPO, "b4")
+
+
+def test_an_unknown_release_names_the_setting(github, tmp_path):
+    with pytest.raises(ReleaseError, match="has no release b999; check engines.llamacpp"):
+        cache_for(github, tmp_path).digests(REPO, "b999")
+
+
+def test_archives_with_escaping_paths_or_links_are_read_as_unsafe(tmp_path):
+    bad = tmp_path / "bad.tar.gz"
+    bad.write_bytes(tarball([("build/bin/llama-server", "file", b"x"),
+                             ("../../etc/cron.d/evil", "file", b"x"),
+                             ("build/bin/libc.so", "symlink", "/lib/x86_64-linux-gnu/libc.so.6")]))
+    assert archive.refusals(archive.tar_members(bad)) == [
+        "../../etc/cron.d/evil would unpack outside the install directory",
+        "build/bin/libc.so is a link to /lib/x86_64-linux-gnu/libc.so.6, outside the install directory"]
