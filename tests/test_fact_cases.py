@@ -23,7 +23,7 @@ def all_cases():
             yield pytest.param(parser, path, id=f"{fact}/{path.stem}")
 
 
-@pytest.mark.parametrize("parser,path", all_cases())
+@pytest.mark.parametrize("parser,path", list(all_cases()))
 def test_recorded_output_parses_to_expected(parser, path):
     case = json.loads(path.read_text())
     assert parser(case["output"]) == case["expected"]

@@ -46,7 +46,8 @@ def cluster(tmp_path_factory):
         env["bad"] = fleet.add("bad")
         env["sysd"].wait_ready(60)
         root = env["root"] = work / "cp"
-        cli(root, "init", "--admin", "ops@example.com")
+        init = cli(root, "init", "--admin", "ops@example.com")
+        (root / "init.out").write_text(init.stdout)
         plane = env["plane"] = ControlPlane(root, free_port())
         configure(root, github, listen=f"127.0.0.1:{plane.port}")
         for name in ("sysd", "plain"):
@@ -221,3 +222,29 @@ def test_a_changed_host_key_is_refused_until_re_pinned(cluster, bad_plane):
         assert nodes_json(root)["bad"]["reachable"]
     finally:
         bad.set_host_key(new=False)
+
+
+def test_the_node_page_log_pane_follows_journald(cluster):
+    """The web ↔ SSH joint for a systemd node: the pane's polls are answered with journal lines."""
+    import re
+    import requests
+    base = cluster["plane"].url
+    s = requests.Session()
+    token = re.search(r'name="csrf_token" value="([^"]+)"', s.get(base + "/login").text).group(1)
+    password = re.search(r"password: (\S+)", (cluster["root"] / "init.out").read_text()).group(1)
+    resp = s.post(base + "/login", data={"email": "ops@example.com", "password": password,
+                                         "csrf_token": token}, allow_redirects=False)
+    assert resp.status_code == 302
+    page = s.get(base + "/nodes/sysd").text
+    assert "systemd" in page
+    poll = re.search(r'hx-get="(/nodes/sysd/logs/\d+)"', page).group(1)
+    lines = ""
+    deadline = time.monotonic() + 30
+    while "llama" not in lines.lower():
+        assert time.monotonic() < deadline, f"no journal lines reached the pane: {lines!r}"
+        resp = s.get(base + poll, headers={"HX-Request": "true"})
+        if resp.status_code == 200:
+            lines += resp.text
+            poll = re.search(r'hx-get="(/nodes/sysd/logs/\d+)"', resp.text).group(1)
+        time.sleep(0.5)
+    assert 'class="logline"' in lines
