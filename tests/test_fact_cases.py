@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.facts import host, journal, ldd
+from llmgw.facts import gpu, host, journal, ldd
 
 CASES = Path(__file__).parent / "cases"
 
@@ -14,7 +14,8 @@ def _journal(output):
     return {"lines": lines, "cursor": cursor}
 
 
-PARSERS = {"discovery": host.parse_discovery, "ldd": ldd.missing_libraries, "journal": _journal}
+PARSERS = {"discovery": host.parse_discovery, "ldd": ldd.missing_libraries, "journal": _journal,
+           "gpus": gpu.parse_gpus}
 
 
 def all_cases():

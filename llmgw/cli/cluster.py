@@ -37,6 +37,12 @@ def add_node(name, addr, user, bootstrap_key, host_key_fp, repin, base_dir):
                f"{f['memory'].get('total_mb', '?')} MB RAM, {f['disk'].get('free_mb', '?')} MB free")
     click.echo(f"  cpu        {', '.join(f['cpu_flags']) or 'no vector extensions'}")
     click.echo(f"  nvidia     {f['nvidia_driver'] or 'no driver loaded'}")
+    for g in f.get("gpus", []):
+        state = "healthy" if g["healthy"] else f"UNHEALTHY: {g['reason']}"
+        click.echo(f"  gpu {g['index'] if g['index'] is not None else '?'}      {g['name'] or g['bus_id']} "
+                   f"{g['class']} {state}")
+    for p in f.get("infiniband", []):
+        click.echo(f"  ib         {p['hca']} port {p['port']} {p['state']} {p['rate']}")
     click.echo(f"  engines    run under {supervisor_for(f)}")
 
 

@@ -3,6 +3,8 @@ import re
 import shlex
 from importlib import resources
 
+from . import gpu
+
 # The vector extensions that decide how fast an engine runs on this CPU.
 INTERESTING_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512_bf16", "amx_tile",
                      "asimd", "sve")
@@ -20,7 +22,7 @@ def discovery_script():
 
 def discovery_argv(base_dir):
     """Return the argv that runs the discovery script (sent on stdin) for base_dir."""
-    return ["sh", "-s", "--", base_dir]
+    return ["sh", "-s", "--", base_dir, ",".join(gpu.QUERY_FIELDS)]
 
 
 def split_sections(text):
@@ -97,6 +99,39 @@ def parse_df(lines):
     return {}
 
 
+def parse_disks(lines):
+    """Return every local filesystem from `df -Pkl` data lines."""
+    out = []
+    for line in lines:
+        one = parse_df([line])
+        if one:
+            out.append(one)
+    return out
+
+
+def parse_infiniband(lines):
+    """Return [{hca, port, state, rate, link_layer}] from 'hca|port|state|rate|layer' lines."""
+    ports = []
+    for line in lines:
+        parts = line.split("|")
+        if len(parts) != 5:
+            continue
+        hca, port, state, rate, layer = (p.strip() for p in parts)
+        ports.append({"hca": hca, "port": port, "state": state.split(":", 1)[-1].strip(),
+                      "rate": rate, "link_layer": layer})
+    return ports
+
+
+def parse_weights(lines):
+    """Return [{path, bytes}] of the GGUF files present under the node's models directory."""
+    out = []
+    for line in lines:
+        size, _, path = line.strip().partition(" ")
+        if size.isdigit() and path:
+            out.append({"path": path, "bytes": int(size)})
+    return out
+
+
 def parse_discovery(text):
     """Turn the discovery script's output into the node's facts dict."""
     s = split_sections(text)
@@ -112,6 +147,10 @@ def parse_discovery(text):
         "nvidia_driver": parse_nvidia_driver(s.get("nvidia", [])),
         "memory": parse_meminfo(s.get("meminfo", [])),
         "disk": parse_df(s.get("disk", [])),
+        "disks": parse_disks(s.get("disks", [])),
+        "gpus": gpu.parse_gpus("\n".join(s.get("gpus", []))),
+        "infiniband": parse_infiniband(s.get("infiniband", [])),
+        "weights": parse_weights(s.get("weights", [])),
         "pid1": init[0] if init else "",
         "systemd": "systemd-running" in init and bool(init) and init[0] == "systemd",
         "uid": int((s.get("uid") or ["-1"])[0].strip() or -1),
