@@ -40,6 +40,7 @@ DEFAULTS = {
     "reconciler": {
         "interval": 5,
         "verify_interval": 600,
+        "package_lock_retry": 10,
         "health_timeout": 180,
         "port_range": "18000-18999",
     },

@@ -100,7 +100,8 @@ class Reconciler:
             node.reachable, node.last_error = False, str(e)
             node.save()
             return
-        installer = Installer(node, t, self.releases, self.conf["reconciler"]["verify_interval"])
+        r = self.conf["reconciler"]
+        installer = Installer(node, t, self.releases, r["verify_interval"], r["package_lock_retry"])
         for engine, version in self.wanted_engines().items():
             row = installer.row(engine, version)
             if row.state == "pending" or row.version != version or row.next_check <= utcnow():
