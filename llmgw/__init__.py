@@ -1,4 +1,5 @@
 """llmgw: SSH-managed nodes behind one OpenAI-compatible endpoint."""
+import secrets
 from pathlib import Path
 
 from flask import Flask
@@ -12,13 +13,16 @@ def create_app(test_config=None):
     """Build the Flask app from the configuration (or test_config, which wins)."""
     from . import config, db
     from .cli import register as register_cli
+    from .errors import ConfigError
     from .web import register as register_web
 
     app = Flask(__name__, template_folder=str(TOP / "templates"),
                 static_folder=str(TOP / "static"))
-    conf = config.load((test_config or {}).get("ROOT"))
-    app.config["LLMGW"] = conf
-    app.config["SECRET_KEY"] = conf["server"]["secret_key"] or "not-initialised"
+    try:
+        conf = config.load((test_config or {}).get("ROOT"))
+    except ConfigError as e:
+        raise SystemExit(f"llmgw: {e}") from e
+    _apply(app, conf)
     app.config["SESSION_COOKIE_HTTPONLY"] = True
     app.config["SESSION_COOKIE_SAMESITE"] = "Lax"
     if test_config:
@@ -34,7 +38,13 @@ def reconfigure(app, root):
     from . import config, db
 
     conf = config.load(root)
-    app.config["LLMGW"] = conf
-    app.config["SECRET_KEY"] = conf["server"]["secret_key"] or "not-initialised"
+    _apply(app, conf)
     db.bind(conf["database"]["url"])
     return conf
+
+
+def _apply(app, conf):
+    app.config["LLMGW"] = conf
+    # Without a configured secret (before init), a random one: sessions then last only as long
+    # as this process, but nobody can forge one with a secret known from the source.
+    app.config["SECRET_KEY"] = conf["server"]["secret_key"] or secrets.token_urlsafe(32)

@@ -83,6 +83,21 @@ class Node(Base):
     last_seen = pw.DateTimeField(null=True)
     last_error = pw.TextField(default="")
     created = pw.DateTimeField(default=utcnow)
+    addrs = JSONField(default=list)
+    labels = JSONField(default=dict)
+    fabric = pw.TextField(default="")
+    fabric_hcas = JSONField(default=list)
+    mgmt_interface = pw.TextField(default="")
+    use_sudo = pw.BooleanField(default=False)
+    discovered = pw.DateTimeField(null=True)
+
+
+class NodeEvent(Base):
+    """A line in a node's own log: what discovery found changed, what was done to it."""
+
+    node = pw.ForeignKeyField(Node, backref="events", on_delete="CASCADE")
+    created = pw.DateTimeField(default=utcnow)
+    text = pw.TextField()
 
 
 class EngineInstall(Base):
@@ -118,6 +133,7 @@ class Replica(Base):
     detail = pw.TextField(default="")
     endpoint = pw.TextField(default="")
     updated = pw.DateTimeField(default=utcnow)
+    failures = pw.IntegerField(default=0)
 
     @property
     def unit(self):
@@ -137,4 +153,5 @@ class LogRequest(Base):
     created = pw.DateTimeField(default=utcnow)
 
 
-ALL = [Org, Team, Project, User, Membership, ApiKey, Node, EngineInstall, Model, Replica, LogRequest]
+ALL = [Org, Team, Project, User, Membership, ApiKey, Node, NodeEvent, EngineInstall, Model, Replica,
+       LogRequest]

@@ -20,7 +20,7 @@ from .models import LogRequest, Model, Node, Replica, database, utcnow
 from .plans import placement
 from .services import logs, nodes
 from .services.install import Installer
-from .services.replicas import NodeReplicas, running_units
+from .services.replicas import NodeReplicas, check_over_http, running_units
 from .plans.launch import supervisor_for
 
 log = logging.getLogger("llmgw.reconciler")
@@ -54,13 +54,15 @@ class Reconciler:
         self.conf = conf
         self.transports = {}
         self.running = {}
-        self.discovered = {}
+        self.tasks = {}
         e = conf["engines"]
         self.releases = ReleaseCache(e["cache"], e["github_api"], e["github_download"])
 
     def transport(self, node):
         t = self.transports.get(node.id)
-        if t is None or getattr(t, "host_key", None) not in (None, node.host_key):
+        if t is None or _reach(t) != _reach_of(node):
+            if t is not None:
+                self._spawn(("close", node.id, id(t)), t.close())
             t = self.transports[node.id] = nodes.transport_for(node, self.conf)
         return t
 
@@ -73,69 +75,99 @@ class Reconciler:
             wanted["sim"] = "builtin"
         return wanted
 
-    async def pass_once(self):
-        """One full pass: every node's facts and installs, placement, then every node's replicas."""
-        all_nodes = list(Node.select())
-        await asyncio.gather(*(self._node(n) for n in all_nodes), return_exceptions=True)
-        self.place(list(Node.select()))
-        await asyncio.gather(*(self._replicas(n) for n in Node.select()), return_exceptions=True)
+    def _spawn(self, key, coro):
+        """Run coro as the one background task for key, unless that task is still running."""
+        task = self.tasks.get(key)
+        if task is not None and not task.done():
+            coro.close()
+            return
+        task = asyncio.create_task(coro, name=str(key))
+        task.add_done_callback(_log_failure)
+        self.tasks[key] = task
 
-    async def _node(self, node):
-        t = self.transport(node)
+    async def drain(self):
+        """Wait for every background task (installs, starts) to finish."""
+        while pending := [t for t in self.tasks.values() if not t.done()]:
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    async def pass_once(self):
+        """One pass: look at every node, place replicas, hand slow work to per-node tasks.
+
+        Installs and replica starts run as background tasks, one of each per node, so an apt
+        lock waited out on one node or a model file copied to another holds up nobody else.
+        """
+        await asyncio.gather(*(self._look(n) for n in Node.select()))
+        self.place(list(Node.select()))
+        for node in Node.select():
+            if node.id in self.running:
+                self._spawn(("install", node.id), self._installs(node.id))
+                self._spawn(("replicas", node.id), self._replicas(node.id))
+            else:
+                self._spawn(("http-health", node.id), check_over_http(list(node.replicas)))
+
+    async def _look(self, node):
+        """Discover when due and list running engines; a failure marks the node unreachable."""
         try:
-            now = utcnow()
-            last = self.discovered.get(node.id)
-            if last is None or (now - last).total_seconds() > REDISCOVER_SECONDS:
-                node.facts = await nodes.discover(t, node.base_dir)
-                self.discovered[node.id] = now
+            t = self.transport(node)
+            if node.discovered is None or (utcnow() - node.discovered).total_seconds() > REDISCOVER_SECONDS:
+                await nodes.rediscover(node, t)
             sup = supervisor_for(node.facts or {})
             self.running[node.id] = await running_units(t, sup, node.base_dir)
             node.reachable, node.last_seen, node.last_error = True, utcnow(), ""
-            node.save()
         except LlmgwError as e:
             self.running.pop(node.id, None)
             stale = self.transports.pop(node.id, None)
             if stale is not None:
                 await stale.close()
             node.reachable, node.last_error = False, str(e)
-            node.save()
+        node.save(only=[Node.reachable, Node.last_seen, Node.last_error])
+
+    async def _installs(self, node_id):
+        node = Node.get_or_none(Node.id == node_id)
+        if node is None:
             return
         r = self.conf["reconciler"]
-        installer = Installer(node, t, self.releases, r["verify_interval"], r["package_lock_retry"])
+        installer = Installer(node, self.transport(node), self.releases, r["verify_interval"],
+                              r["package_lock_retry"])
         for engine, version in self.wanted_engines().items():
             row = installer.row(engine, version)
             if row.state == "pending" or row.version != version or row.next_check <= utcnow():
                 await installer.converge(engine, version)
 
     def place(self, all_nodes):
-        """Record where each model's replicas go; adopt running units; drop surplus replicas."""
+        """Record where each model's replicas go and drop surplus replicas."""
         facts = [{"name": n.name, "reachable": n.reachable,
                   "installs": {i.engine: (i.state, i.detail) for i in n.installs}} for n in all_nodes]
         by_name = {n.name: n for n in all_nodes}
-        running = {n.name: self.running.get(n.id, set()) for n in all_nodes}
         for model in Model.select():
-            names = placement.replica_names(model.name, model.replicas)
-            rows = {r.name: r for r in model.replica_rows}
-            existing = {name: r.node.name for name, r in rows.items()}
-            cands = placement.candidates(facts, model.engine)
-            placed, refusal = placement.assign(names, existing, running, cands)
-            for name, node_name in placed.items():
-                if name not in rows:
-                    node = by_name[node_name]
-                    used = {r.port for r in Replica.select().where(Replica.node == node)}
-                    port = placement.free_port(used, self.conf["reconciler"]["port_range"])
-                    Replica.create(name=name, model=model, node=node, port=port,
-                                   detail=f"placed on {node_name}")
-            if refusal:
-                log.warning("model %s: %s", model.name, refusal)
-            for name, row in rows.items():
-                if name not in names:
-                    row.delete_instance()
+            try:
+                self._place_model(model, facts, by_name)
+            except Exception:  # one model's trouble must not stop the others being placed
+                log.exception("placing model %s failed", model.name)
 
-    async def _replicas(self, node):
-        if node.id not in self.running:
+    def _place_model(self, model, facts, by_name):
+        names = placement.replica_names(model.name, model.replicas)
+        rows = {r.name: r for r in model.replica_rows}
+        existing = {name: r.node.name for name, r in rows.items()}
+        placed, refusal = placement.assign(names, existing, placement.candidates(facts, model.engine))
+        for name, node_name in placed.items():
+            if name not in rows:
+                node = by_name[node_name]
+                used = {r.port for r in Replica.select().where(Replica.node == node)}
+                port = placement.free_port(used, self.conf["reconciler"]["port_range"])
+                Replica.create(name=name, model=model, node=node, port=port,
+                               detail=f"placed on {node_name}")
+        if refusal:
+            log.warning("model %s: %s", model.name, refusal)
+        for name, row in rows.items():
+            if name not in names:
+                row.delete_instance()  # its unit is an orphan now, stopped on the next pass
+
+    async def _replicas(self, node_id):
+        node = Node.get_or_none(Node.id == node_id)
+        if node is None or node_id not in self.running:
             return
-        await NodeReplicas(node, self.transport(node), self.conf).converge(self.running[node.id])
+        await NodeReplicas(node, self.transport(node), self.conf).converge(self.running[node_id])
 
     async def answer_log_requests(self):
         """Answer pending log-pane requests (the web never runs SSH itself)."""
@@ -174,8 +206,14 @@ class Reconciler:
                     pass
         finally:
             logs_task.cancel()
-            for t in self.transports.values():
-                await t.close()
+            for task in self.tasks.values():
+                task.cancel()
+            await self.close()
+
+    async def close(self):
+        for t in self.transports.values():
+            await t.close()
+        self.transports.clear()
 
     async def _log_loop(self, stop):
         while not stop.is_set():
@@ -184,6 +222,22 @@ class Reconciler:
             except Exception:
                 log.exception("answering log requests failed")
             await asyncio.sleep(LOG_POLL_SECONDS)
+
+
+def _reach(t):
+    return (getattr(t, "addrs", None), getattr(t, "user", None), getattr(t, "host_key", None),
+            getattr(t, "sudo", None))
+
+
+def _reach_of(node):
+    if node.transport == "local":
+        return (None, None, None, None)
+    return (nodes.addrs_of(node), node.ssh_user, node.host_key, node.use_sudo)
+
+
+def _log_failure(task):
+    if not task.cancelled() and task.exception() is not None:
+        log.error("%s failed", task.get_name(), exc_info=task.exception())
 
 
 def _seconds(n):
@@ -206,8 +260,10 @@ def main(conf, once=False):
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         if once:
-            await rec.pass_once()
-            await rec.pass_once()
+            for _ in range(2):
+                await rec.pass_once()
+                await rec.drain()
+            await rec.close()
             return
         await rec.run(stop)
 

@@ -33,7 +33,9 @@ def converge(conf, until, timeout=30):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             await rec.pass_once()
+            await rec.drain()
             if until():
+                await rec.close()
                 return rec
             await asyncio.sleep(0.3)
         raise AssertionError("did not converge: " + "; ".join(

@@ -55,19 +55,19 @@ def test_a_node_still_installing_is_not_a_candidate():
 
 def test_replicas_spread_over_ready_nodes():
     cands = placement.candidates(nodes(("a", True, "ready"), ("b", True, "ready")), "llamacpp")
-    placed, refusal = placement.assign(["m-0", "m-1"], {}, {}, cands)
+    placed, refusal = placement.assign(["m-0", "m-1"], {}, cands)
     assert sorted(placed.values()) == ["a", "b"] and refusal == ""
 
 
-def test_a_running_unit_is_adopted_where_it_runs():
+def test_a_recorded_replica_stays_where_it_runs():
     cands = placement.candidates(nodes(("a", True, "ready"), ("b", True, "ready")), "llamacpp")
-    placed, _ = placement.assign(["m-0", "m-1"], {}, {"b": {"m-0"}, "a": set()}, cands)
+    placed, _ = placement.assign(["m-0", "m-1"], {"m-0": "b"}, cands)
     assert placed["m-0"] == "b" and placed["m-1"] == "a"
 
 
 def test_no_candidate_gives_a_refusal_naming_each_node():
     cands = placement.candidates(nodes(("a", False, "ready"), ("b", True, "failed")), "llamacpp")
-    placed, refusal = placement.assign(["m-0"], {}, {}, cands)
+    placed, refusal = placement.assign(["m-0"], {}, cands)
     assert placed == {}
     assert refusal == "no node can run it (a: unreachable; b: llamacpp failed)"
 
@@ -125,3 +125,37 @@ def test_supervisor_is_systemd_only_as_root_under_systemd():
     assert launch.supervisor_for({"systemd": True, "uid": 0}) == "systemd"
     assert launch.supervisor_for({"systemd": True, "uid": 1000}) == "setsid"
     assert launch.supervisor_for({"systemd": False, "uid": 0}) == "setsid"
+
+
+from llmgw.plans.replica_state import next_step, retry_delay  # noqa: E402
+
+
+@pytest.mark.parametrize("state,running,healthy,age,failures,expected", [
+    ("starting", True, True, 1, 0, "ready"),
+    ("ready", True, True, 1, 0, "wait"),
+    ("ready", True, False, 1, 0, "unhealthy"),
+    ("unhealthy", True, False, 100, 0, "wait"),
+    ("unhealthy", True, False, 181, 0, "give_up"),
+    ("starting", True, False, 181, 0, "give_up"),
+    ("pending", True, False, 1, 0, "adopt"),
+    ("starting", False, False, 1, 0, "crashed"),
+    ("ready", False, False, 1, 0, "crashed"),
+    ("failed", False, False, 10, 1, "wait"),
+    ("failed", False, False, 31, 1, "start"),
+    ("failed", False, False, 100, 3, "wait"),
+    ("pending", False, False, 0, 0, "start"),
+])
+def test_a_replica_s_next_step(state, running, healthy, age, failures, expected):
+    assert next_step(state, running, healthy, age, 180, failures) == expected
+
+
+def test_failed_starts_back_off_to_ten_minutes():
+    assert [retry_delay(n) for n in (1, 2, 3, 6, 10)] == [30, 60, 120, 600, 600]
+
+
+def test_a_chain_of_links_cannot_climb_out():
+    chain = [("a/b", "symlink", ".."), ("a/b/x", "symlink", ".."), ("a/b/x/evil", "file", "")]
+    said = archive.refusals(chain)
+    assert "a/b is a link to .., outside the install directory" in said
+    assert "a/b/x would be written through the link a/b" in said
+    assert "a/b/x/evil would be written through the link a/b" in said

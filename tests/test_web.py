@@ -3,6 +3,7 @@ from html.parser import HTMLParser
 
 from llmgw.models import Node
 from llmgw.services import tenancy
+from tests.conftest import Auth
 
 
 class Links(HTMLParser):
@@ -74,3 +75,27 @@ def test_malformed_bodies_are_400_not_500(client):
 def test_health_answers(client):
     resp = client.get("/health")
     assert resp.status_code == 200 and resp.get_json()["status"] == "ok"
+
+
+def test_login_never_redirects_off_site(client, auth):
+    for target in ("//evil.example", "/\t/evil.example", "https://evil.example/", "/\\evil"):
+        page = client.get("/login")
+        token = page.get_data(as_text=True).split('name="csrf_token" value="')[1].split('"')[0]
+        resp = client.post("/login", query_string={"next": target}, data={
+            "email": "admin@example.com", "password": auth.password, "csrf_token": token})
+        assert resp.status_code == 302 and resp.headers["Location"] == "/", target
+        client.post("/logout", data={"csrf_token": token})
+
+
+def test_a_non_admin_gets_403_on_admin_pages(client, app):
+    from llmgw import security
+    from llmgw.models import User
+    User.create(email="user@example.com", password_hash=security.hash_password("pw-123456"))
+    Auth(client).login("user@example.com", "pw-123456")
+    assert client.get("/").status_code == 403
+    assert client.get("/nodes/x").status_code == 403
+
+
+def test_wrong_methods_under_v1_answer_in_openai_shape(client):
+    resp = client.get("/v1/chat/completions", headers={"Authorization": "Bearer x"})
+    assert resp.status_code == 405 and resp.get_json()["error"]["type"] == "invalid_request_error"

@@ -1,11 +1,12 @@
 """`flask llmgw add-node | nodes | model add | logs`."""
-import hashlib
+import re
 
 import click
 
 from ..errors import LlmgwError
-from ..models import Model, Node, Replica
+from ..models import Model, Node, NodeEvent, Replica
 from ..plans.launch import supervisor_for
+from ..plans.placement import slug
 from ..services import logs as logsvc
 from ..services import nodes, weights
 from ..executors.release import sha256_file
@@ -14,22 +15,33 @@ from . import conf, echo_json, llmgw, root_option, run_async
 
 @llmgw.command("add-node")
 @click.argument("name")
-@click.option("--addr", required=True, help="HOST or HOST:PORT of the node's sshd.")
-@click.option("--user", default="root", show_default=True, help="SSH user on the node.")
+@click.option("--addr", required=True,
+              help="HOST[:PORT] of the node's sshd; several separated by commas are tried in order.")
+@click.option("--user", default="root", show_default=True,
+              help="SSH user on the node; any other than root runs commands with sudo -n.")
 @click.option("--bootstrap-key", type=click.Path(dir_okay=False),
               help="Your own private key the node already accepts; used once to install the "
                    "control plane's key.")
+@click.option("--password", "ask_password", is_flag=True,
+              help="Prompt for the user's SSH password instead, used once and never stored.")
 @click.option("--host-key", "host_key_fp", default="",
               help="The node's host key fingerprint (SHA256:…), checked before anything is sent.")
 @click.option("--repin", is_flag=True, help="Accept a changed host key (after a reinstall).")
 @click.option("--base-dir", default="/opt/llmgw", show_default=True,
               help="Where llmgw keeps engines, models and logs on the node.")
+@click.option("--label", "labels", multiple=True, help="key=value, repeatable (e.g. --label gpu=fast).")
+@click.option("--fabric", default="", help="NAME[:hca1,hca2]: the interconnect this node is on.")
+@click.option("--mgmt-iface", default="", help="The node's management network interface.")
 @root_option
-def add_node(name, addr, user, bootstrap_key, host_key_fp, repin, base_dir):
+def add_node(name, addr, user, bootstrap_key, ask_password, host_key_fp, repin, base_dir, labels,
+             fabric, mgmt_iface):
     """Pin a node's host key, authorise the control plane, discover it and store it."""
+    spec = nodes.NodeSpec.parse(name, addr, user, base_dir, labels, fabric, mgmt_iface)
+    password = click.prompt(f"SSH password of {user}@{spec.addrs[0][0]}", hide_input=True) \
+        if ask_password else None
     node, fp, created = run_async(nodes.add_node(
-        conf(), name, addr, user=user, bootstrap_key=bootstrap_key, repin=repin,
-        host_key_fp=host_key_fp, base_dir=base_dir))
+        conf(), spec, bootstrap_key=bootstrap_key, password=password, repin=repin,
+        host_key_fp=host_key_fp))
     f = node.facts
     click.echo(f"{'added' if created else 'updated'} {name} ({node.addr}:{node.port})")
     click.echo(f"  host key   {fp} (pinned)")
@@ -43,7 +55,46 @@ def add_node(name, addr, user, bootstrap_key, host_key_fp, repin, base_dir):
                    f"{g['class']} {state}")
     for p in f.get("infiniband", []):
         click.echo(f"  ib         {p['hca']} port {p['port']} {p['state']} {p['rate']}")
-    click.echo(f"  engines    run under {supervisor_for(f)}")
+    click.echo(f"  engines    run under {supervisor_for(f)}"
+               + (f" (commands via sudo as {user})" if node.use_sudo else ""))
+
+
+@llmgw.command("remove-node")
+@click.argument("name")
+@click.option("--force", is_flag=True, help="Forget the node even when its engines cannot be stopped.")
+@root_option
+def remove_node(name, force):
+    """Stop a node's engines, then forget the node."""
+    node = _node(name)
+    stopped = run_async(nodes.remove_node(conf(), node, force))
+    click.echo(f"removed {name}" + (f"; stopped {', '.join('llmgw-' + u for u in sorted(stopped))}"
+                                    if stopped else "; no engine was running there"))
+
+
+@llmgw.command("discover")
+@click.argument("name")
+@root_option
+def discover(name):
+    """Discover a node again now, and print what changed."""
+    node = _node(name)
+    before = node.events.count()
+    t = nodes.transport_for(node, conf())
+
+    async def go():
+        try:
+            return await nodes.rediscover(node, t)
+        finally:
+            await t.close()
+    run_async(go())
+    new = list(node.events.order_by(NodeEvent.id).offset(before))
+    click.echo(f"discovered {name}: " + ("; ".join(e.text for e in new) if new else "nothing changed"))
+
+
+def _node(name):
+    node = Node.get_or_none(Node.name == name)
+    if node is None:
+        raise LlmgwError(f"no node called {name!r}; `flask llmgw nodes` lists them.")
+    return node
 
 
 @llmgw.command("nodes")
@@ -54,6 +105,7 @@ def list_nodes(as_json):
     out = []
     for n in Node.select().order_by(Node.name):
         out.append({"name": n.name, "addr": n.addr, "port": n.port, "reachable": n.reachable,
+                    "labels": n.labels or {}, "fabric": n.fabric, "user": n.ssh_user,
                     "last_error": n.last_error, "host_key": n.host_key_fp,
                     "supervisor": supervisor_for(n.facts or {}),
                     "installs": [{"engine": i.engine, "version": i.version, "state": i.state,
@@ -90,6 +142,9 @@ def model_add(name, source, replicas, engine, sha256, args):
         raise LlmgwError(f"{name!r} is not a usable model name: no spaces, at most 128 characters.")
     if engine != "sim" and not source:
         raise LlmgwError("--file is required for a llamacpp model (a GGUF path or URL).")
+    sha256 = sha256.strip().lower()
+    if sha256 and not re.fullmatch(r"[0-9a-f]{64}", sha256):
+        raise LlmgwError(f"--sha256 {sha256!r} is not a sha256 checksum (64 hex digits).")
     if source:
         kind, source = weights.check_source(source)
         if kind == "path":
@@ -97,9 +152,13 @@ def model_add(name, source, replicas, engine, sha256, args):
             if sha256 and sha256 != actual:
                 raise LlmgwError(f"--sha256 {sha256[:12]}… does not match {source} ({actual[:12]}…).")
             sha256 = actual
-        elif not sha256:
-            sha256 = hashlib.sha256(source.encode()).hexdigest()  # names the cached copy only
+        # A URL without --sha256 learns its checksum from the first download.
     row = Model.get_or_none(Model.name == name)
+    clash = next((m for m in Model.select() if m.name != name and slug(m.name) == slug(name)), None)
+    if clash:
+        raise LlmgwError(f"model {name!r} would name its replicas like {clash.name!r} "
+                         f"({slug(name)}-0, …); choose a name that differs in more than case or "
+                         f"punctuation.")
     fields = dict(engine=engine, source=source, sha256=sha256, replicas=replicas, args=list(args))
     if row:
         Model.update(**fields).where(Model.id == row.id).execute()
@@ -115,9 +174,7 @@ def model_add(name, source, replicas, engine, sha256, args):
 @root_option
 def logs(node_name, source, lines):
     """Print the newest log lines of a node's engines (journald, or the fallback's log file)."""
-    node = Node.get_or_none(Node.name == node_name)
-    if node is None:
-        raise LlmgwError(f"no node called {node_name!r}; `flask llmgw nodes` lists them.")
+    node = _node(node_name)
     reps = list(Replica.select().where(Replica.node == node).order_by(Replica.name))
     if source:
         reps = [r for r in reps if r.name == source]

@@ -156,7 +156,11 @@ def serve():
     finally:
         stop()
         for p in children:
-            p.wait(timeout=30)
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
     failed = [p for p in children if p.returncode not in (0, -signal.SIGTERM, None)]
     if failed:
         raise click.ClickException("a child process exited with status "

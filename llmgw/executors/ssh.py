@@ -1,5 +1,6 @@
 """SSH to nodes with asyncssh: pinned host keys, one reused connection, a cap on channels."""
 import asyncio
+import secrets
 import shlex
 
 import asyncssh
@@ -9,6 +10,7 @@ from .transport import Result, Transport
 
 # Stock sshd allows 10 sessions per connection; the 11th channel fails to open.
 DEFAULT_MAX_SESSIONS = 8
+SUDO_NEEDS_PASSWORD = "a password is required"
 
 
 def fingerprint(public_key_text):
@@ -42,14 +44,21 @@ async def fetch_host_key(addr, port, timeout=10):
 
 
 class SSHTransport(Transport):
-    """One node over SSH. Connects lazily, reconnects after a failure."""
+    """One node over SSH. Connects lazily (trying each address in turn), reconnects after a failure.
 
-    def __init__(self, name, addr, port, user, client_key, host_key, connect_timeout=10,
-                 max_sessions=DEFAULT_MAX_SESSIONS):
-        self.name, self.addr, self.port, self.user = name, addr, port, user
-        self.client_key = client_key
+    With sudo, every command runs as `sudo -n -- argv` and files are copied through /tmp.
+    """
+
+    def __init__(self, name, addrs, user, client_key, host_key, connect_timeout=10,
+                 max_sessions=DEFAULT_MAX_SESSIONS, sudo=False, password=None, command_timeout=None):
+        self.name, self.addrs, self.user = name, list(addrs), user
+        self.addr, self.port = self.addrs[0]
+        self.client_key, self.password = client_key, password
         self.host_key = host_key
         self.connect_timeout = connect_timeout
+        self.sudo = sudo
+        # Commands that say nothing about time still end: a hung one must not hold a task forever.
+        self.command_timeout = command_timeout
         self._conn = None
         self._connecting = asyncio.Lock()
         self._sessions = asyncio.Semaphore(max_sessions)
@@ -58,38 +67,54 @@ class SSHTransport(Transport):
         async with self._connecting:
             if self._conn is not None and not self._conn.is_closed():
                 return self._conn
-            self._conn = await self._connect()
-            return self._conn
+            errors = []
+            for addr, port in self.addrs:
+                try:
+                    self._conn = await self._connect(addr, port)
+                    self.addr, self.port = addr, port
+                    return self._conn
+                except HostKeyMismatch:
+                    raise  # another machine answering at one of its addresses: stop here
+                except NodeError as e:
+                    errors.append(e)
+            if len(errors) == 1:
+                raise errors[0]
+            raise NodeError(self.name, "no address answered: " + "; ".join(
+                str(e).removeprefix(f"{self.name}: ") for e in errors))
 
-    async def _connect(self):
+    async def _connect(self, addr, port):
         if not self.host_key:
             raise NodeError(self.name, "has no pinned host key; add it again with "
                             "`flask llmgw add-node` to pin one")
         trusted = ([asyncssh.import_public_key(self.host_key)], [], [])
+        auth = ({"password": self.password, "client_keys": None} if self.password
+                else {"client_keys": [self.client_key]})
         try:
             return await asyncio.wait_for(asyncssh.connect(
-                self.addr, self.port, username=self.user, client_keys=[self.client_key],
-                known_hosts=trusted, agent_path=None, config=None,
-                keepalive_interval=15, keepalive_count_max=3), self.connect_timeout)
+                addr, port, username=self.user, known_hosts=trusted, agent_path=None, config=None,
+                keepalive_interval=15, keepalive_count_max=3, **auth), self.connect_timeout)
         except asyncssh.HostKeyNotVerifiable as e:
             raise HostKeyMismatch(self.name, (
-                f"the host key of {self.addr}:{self.port} is not the pinned one "
+                f"the host key of {addr}:{port} is not the pinned one "
                 f"({fingerprint(self.host_key)}); if the machine was really reinstalled, re-pin "
-                f"it with `flask llmgw add-node {self.name} --addr {self.addr}:{self.port} --repin`")) from e
+                f"it with `flask llmgw add-node {self.name} --addr {addr}:{port} --repin`")) from e
         except asyncssh.PermissionDenied as e:
-            raise NodeError(self.name, f"{self.user}@{self.addr} refused the control plane's key; "
-                            f"install it with `flask llmgw add-node {self.name} --addr {self.addr} "
-                            f"--bootstrap-key ~/.ssh/id_ed25519`") from e
+            how = "the password" if self.password else "the control plane's key"
+            raise NodeError(self.name, f"{self.user}@{addr} refused {how}; install the key with "
+                            f"`flask llmgw add-node {self.name} --addr {addr} "
+                            f"--bootstrap-key ~/.ssh/id_ed25519` (or --password)") from e
         except (OSError, asyncssh.Error, asyncio.TimeoutError) as e:
-            raise NodeError(self.name, f"cannot connect to {self.addr}:{self.port}: "
+            raise NodeError(self.name, f"cannot connect to {addr}:{port}: "
                             f"{e or type(e).__name__}") from e
 
     async def run(self, argv, input=None, timeout=None):
         conn = await self._connection()
-        command = shlex.join(argv)
+        command = shlex.join(["sudo", "-n", "--", *argv] if self.sudo else argv)
         try:
             async with self._sessions:
-                done = await conn.run(command, input=input, check=False, timeout=timeout)
+                done = await conn.run(command, input=input.encode() if isinstance(input, str) else input,
+                                      check=False, timeout=timeout or self.command_timeout,
+                                      encoding=None)
         except asyncssh.TimeoutError as e:
             raise NodeError(self.name, f"{command} did not finish in {timeout} s", argv=argv) from e
         except (OSError, asyncssh.Error) as e:
@@ -97,17 +122,27 @@ class SSHTransport(Transport):
             raise NodeError(self.name, f"lost the connection running {command}: "
                             f"{e or type(e).__name__}", argv=argv) from e
         status = done.exit_status if done.exit_status is not None else 255
-        return Result(list(argv), status, _text(done.stdout), _text(done.stderr))
+        stderr = _text(done.stderr)
+        if self.sudo and status == 1 and SUDO_NEEDS_PASSWORD in stderr:
+            raise NodeError(self.name, f"sudo asks {self.user} for a password, and llmgw cannot type "
+                            f"one; allow it without (\"{self.user} ALL=(ALL) NOPASSWD: ALL\" in "
+                            f"/etc/sudoers.d/llmgw) or add the node with --user root", argv=argv)
+        return Result(list(argv), status, _text(done.stdout), stderr)
 
     async def put(self, local_path, remote_path):
         conn = await self._connection()
+        # SFTP writes as the SSH user; with sudo the file goes through /tmp and is moved by root.
+        target = f"/tmp/.llmgw-upload-{secrets.token_hex(8)}" if self.sudo else remote_path
         try:
             async with self._sessions:
                 async with conn.start_sftp_client() as sftp:
-                    await sftp.put(str(local_path), remote_path)
+                    await sftp.put(str(local_path), target)
         except (OSError, asyncssh.Error) as e:
             raise NodeError(self.name, f"copying {local_path} to {remote_path} over SFTP failed: "
                             f"{e}. Check that the SFTP subsystem of sshd on {self.addr} is enabled.") from e
+        if self.sudo:
+            await self.check(["sh", "-c", 'mv -f "$0" "$1" && chown 0:0 "$1"', target, remote_path],
+                             what=f"moving the upload into {remote_path}")
 
     async def _drop(self):
         if self._conn is not None:

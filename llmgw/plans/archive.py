@@ -12,19 +12,35 @@ def escapes(path):
 
 
 def refusals(members):
-    """Return a sentence per unsafe member of [(name, kind, linkname)]; kind is file/dir/symlink/other."""
+    """Return a sentence per unsafe member of [(name, kind, linkname)]; kind is file/dir/symlink/other.
+
+    Links may only name a file beside or below them ('libggml.so -> libggml.so.0'): a link
+    with '..' in it could be chained with another ('a -> ..', 'a/b -> ..') to climb out, so
+    none is accepted, and no member may be written through a link.
+    """
     out = []
+    links = set()
     for name, kind, link in members:
+        norm = posixpath.normpath(name)
+        through = next((p for p in _parents(norm) if p in links), None)
         if escapes(name):
             out.append(f"{name} would unpack outside the install directory")
-        elif kind == "symlink" and (link.startswith("/")
-                                    or escapes(posixpath.join(posixpath.dirname(name), link))):
+        elif through:
+            out.append(f"{name} would be written through the link {through}")
+        elif kind == "symlink" and (link.startswith("/") or ".." in link.split("/")):
             out.append(f"{name} is a link to {link}, outside the install directory")
         elif kind == "hardlink":
             out.append(f"{name} is a hard link, which a release archive has no need of")
         elif kind == "other":
             out.append(f"{name} is a device or FIFO, which a release archive has no need of")
+        if kind == "symlink":
+            links.add(norm)
     return out
+
+
+def _parents(path):
+    parts = path.split("/")
+    return ["/".join(parts[:i]) for i in range(1, len(parts))]
 
 
 def tar_members(path):

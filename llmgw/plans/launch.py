@@ -51,9 +51,11 @@ def list_argv(supervisor, base_dir):
         return ["sh", "-c", "systemctl list-units --plain --no-legend --state=active 'llmgw-*' "
                 f"| awk '$5 == \"{DESCRIPTION.split()[0]}\" && $6 == \"{DESCRIPTION.split()[1]}\" "
                 "{print $1}' | sed 's/\\.service$//'"]
-    script = ('for f in "$0"/llmgw-*.pid; do [ -e "$f" ] || continue; '
-              'p=$(cat "$f"); if [ -n "$p" ] && kill -0 "$p" 2>/dev/null; then '
-              'basename "$f" .pid; else rm -f "$f"; fi; done')
+    # A pidfile outlives a reboot and pids are reused: a process is ours only while its
+    # environment still carries the unit name it was started with.
+    script = ('for f in "$0"/llmgw-*.pid; do [ -e "$f" ] || continue; u=$(basename "$f" .pid); '
+              'p=$(cat "$f"); if [ -n "$p" ] && tr "\\0" "\\n" < /proc/"$p"/environ 2>/dev/null '
+              '| grep -qx "LLMGW_UNIT=$u"; then echo "$u"; else rm -f "$f"; fi; done')
     return ["sh", "-c", script, run_dir(base_dir)]
 
 
@@ -63,8 +65,9 @@ def stop_argv(supervisor, unit, base_dir):
         return ["sh", "-c", 'systemctl stop "$0" 2>/dev/null; systemctl reset-failed "$0" 2>/dev/null; true',
                 f"{unit}.service"]
     pidfile = posixpath.join(run_dir(base_dir), f"{unit}.pid")
-    return ["sh", "-c", 'p=$(cat "$0" 2>/dev/null); [ -n "$p" ] && kill "$p" 2>/dev/null; rm -f "$0"; true',
-            pidfile]
+    script = ('p=$(cat "$0" 2>/dev/null); if [ -n "$p" ] && tr "\\0" "\\n" < /proc/"$p"/environ 2>/dev/null '
+              '| grep -qx "LLMGW_UNIT=$1"; then kill "$p"; fi; rm -f "$0"; true')
+    return ["sh", "-c", script, pidfile, unit]
 
 
 def parse_units(text):

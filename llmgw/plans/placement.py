@@ -40,18 +40,18 @@ def candidates(nodes, engine):
     return out
 
 
-def assign(names, existing, running, cands):
-    """Place each replica name on a node.
+def assign(names, existing, cands):
+    """Place each replica name on a node; return ({replica name: node}, refusal sentence or '').
 
-    existing: {replica name: node} already recorded; running: {node: set of replica names
-    whose units run there} — a running unit is adopted where it is, never duplicated.
-    Returns ({replica name: node}, refusal sentence or '').
+    existing: {replica name: node} already recorded, which stays where it is: after a restart
+    the reconciler finds those units running and adopts them rather than starting another.
+    A unit running with no row at all is not adopted (its port is unknown); it is stopped.
     """
     ok = [c.node for c in cands if c.ok]
     load = {n: 0 for n in ok}
     placed = {}
     for name in names:
-        where = existing.get(name) or next((n for n, units in running.items() if name in units), None)
+        where = existing.get(name)
         if where is not None:
             placed[name] = where
             if where in load:

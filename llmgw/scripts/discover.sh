@@ -11,7 +11,7 @@ echo "== disk"; mkdir -p "$base" 2>/dev/null; df -Pk "$base" 2>/dev/null | tail 
 echo "== disks"; df -Pkl -x tmpfs -x devtmpfs -x squashfs -x overlay 2>/dev/null | tail -n +2
 echo "== gpus"
 if [ -e /proc/driver/nvidia/version ] && command -v nvidia-smi >/dev/null 2>&1; then
-  nvidia-smi --query-gpu="$gpu_fields" --format=csv,noheader,nounits 2>&1
+  timeout 20 nvidia-smi --query-gpu="$gpu_fields" --format=csv,noheader,nounits 2>&1
 fi
 echo "== infiniband"
 for p in /sys/class/infiniband/*/ports/*; do

@@ -1,5 +1,5 @@
-"""Add a node, pin its host key, discover what it is, and reach it again later."""
-import re
+"""Add, re-discover and remove nodes; reach them again later."""
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import asyncssh
@@ -7,40 +7,70 @@ import asyncssh
 from ..errors import HostKeyMismatch, LlmgwError, NodeError
 from ..executors import ssh
 from ..executors.transport import LocalTransport
-from ..facts import host
-from ..models import Node, utcnow
+from ..facts import changes, host
+from ..models import Node, NodeEvent, Replica, database, utcnow
+from ..plans import launch, nodespec
+from .replicas import running_units
 
-NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 INSTALL_KEY = ('umask 077; mkdir -p "$HOME/.ssh"; touch "$HOME/.ssh/authorized_keys"; '
                'grep -qxF "$0" "$HOME/.ssh/authorized_keys" || echo "$0" >> "$HOME/.ssh/authorized_keys"')
 
 
-def check_name(name):
-    """Refuse a node name that is not a safe, short DNS-like label."""
-    if not NAME.match(name or ""):
-        raise LlmgwError(f"{name!r} is not a usable node name: use lower-case letters, digits and "
-                         f"dashes, starting with a letter or digit (e.g. gpu-07).")
+@dataclass
+class NodeSpec:
+    """What the operator said about a node on the command line, checked."""
+
+    name: str
+    addrs: list
+    user: str = "root"
+    base_dir: str = "/opt/llmgw"
+    labels: dict = field(default_factory=dict)
+    fabric: str = ""
+    fabric_hcas: list = field(default_factory=list)
+    mgmt_interface: str = ""
+
+    @classmethod
+    def parse(cls, name, addr, user="root", base_dir="/opt/llmgw", labels=(), fabric="", mgmt_iface=""):
+        try:
+            fab, hcas = nodespec.parse_fabric(fabric)
+            spec = cls(nodespec.check_name(name), nodespec.parse_addrs(addr), user, base_dir,
+                       nodespec.parse_labels(labels), fab, hcas, nodespec.check_iface(mgmt_iface))
+        except nodespec.SpecError as e:
+            raise LlmgwError(str(e)) from e
+        if not base_dir.startswith("/"):
+            raise LlmgwError(f"--base-dir {base_dir!r} must be an absolute path on the node.")
+        return spec
 
 
-def parse_addr(addr):
-    """Split HOST[:PORT] (or [v6]:PORT) into (host, port)."""
-    m = re.match(r"^\[([^\]]+)\](?::(\d+))?$", addr) or re.match(r"^([^:\s]+)(?::(\d+))?$", addr)
-    if not m or not re.match(r"^[A-Za-z0-9.:_-]+$", m.group(1)):
-        raise LlmgwError(f"--addr {addr!r} is not HOST or HOST:PORT (e.g. 10.0.0.17 or node7:2222).")
-    port = int(m.group(2) or 22)
-    if not 0 < port < 65536:
-        raise LlmgwError(f"port {port} in --addr {addr!r} is out of range 1-65535.")
-    return m.group(1), port
+def log_event(node, text):
+    NodeEvent.create(node=node, text=text)
+
+
+def addrs_of(node):
+    if node.addrs:
+        return [tuple(a) for a in node.addrs]
+    return [(node.addr, node.port)]
+
+
+def control_key(conf):
+    """Read the control plane's SSH identity, or say how to make one."""
+    path = conf["ssh"]["key"]
+    try:
+        return asyncssh.read_private_key(path)
+    except (OSError, asyncssh.KeyImportError) as e:
+        raise LlmgwError(f"cannot read the control plane's SSH key {path} ({e}); run "
+                         f"`flask llmgw init` with the same --root to make one, or fix ssh.key.") from e
 
 
 def transport_for(node, conf):
     """Return the Transport that reaches a node."""
     if node.transport == "local":
         return LocalTransport(node.name)
-    return ssh.SSHTransport(node.name, node.addr, node.port, node.ssh_user,
-                            asyncssh.read_private_key(conf["ssh"]["key"]), node.host_key,
+    return ssh.SSHTransport(node.name, addrs_of(node), node.ssh_user,
+                            control_key(conf), node.host_key,
                             connect_timeout=conf["ssh"]["connect_timeout"],
-                            max_sessions=conf["ssh"]["max_sessions"])
+                            max_sessions=conf["ssh"]["max_sessions"], sudo=node.use_sudo,
+                            command_timeout=conf["ssh"]["command_timeout"])
 
 
 async def discover(transport, base_dir):
@@ -53,8 +83,18 @@ async def discover(transport, base_dir):
         raise NodeError(transport.name, f"discovery output could not be read: {e}") from e
 
 
+async def rediscover(node, transport):
+    """Discover again, log what changed on the node's own log, and store the facts."""
+    facts = await discover(transport, node.base_dir)
+    for sentence in changes.describe(node.facts or {}, facts):
+        log_event(node, sentence)
+    node.facts, node.discovered = facts, utcnow()
+    node.save()
+    return node
+
+
 async def pin_host_key(name, addr, port, existing, repin=False, expected_fp=""):
-    """Return (host key line, fingerprint, changed?) after checking it against what was pinned."""
+    """Return (host key line, fingerprint) after checking it against what was pinned."""
     key = await ssh.fetch_host_key(addr, port)
     fp = ssh.fingerprint(key)
     if expected_fp and fp != expected_fp:
@@ -67,50 +107,87 @@ async def pin_host_key(name, addr, port, existing, repin=False, expected_fp=""):
     return key, fp
 
 
-async def install_control_key(name, addr, port, user, host_key, operator_key_path, public_line):
-    """Append the control plane's public key to the node's authorized_keys, using the operator's key."""
-    path = Path(operator_key_path).expanduser()
-    try:
-        operator_key = asyncssh.read_private_key(str(path))
-    except (OSError, asyncssh.KeyImportError) as e:
-        raise LlmgwError(f"--bootstrap-key {path}: cannot read it as an SSH private key ({e}); "
-                         f"give an unencrypted private key the node accepts.") from e
-    t = ssh.SSHTransport(name, addr, port, user, operator_key, host_key)
+async def install_control_key(spec, host_key, public_line, operator_key_path=None, password=None):
+    """Append the control plane's public key to the node user's authorized_keys, once."""
+    operator_key = None
+    if operator_key_path:
+        path = Path(operator_key_path).expanduser()
+        try:
+            operator_key = asyncssh.read_private_key(str(path))
+        except (OSError, asyncssh.KeyImportError) as e:
+            raise LlmgwError(f"--bootstrap-key {path}: cannot read it as an SSH private key ({e}); "
+                             f"give an unencrypted private key the node accepts.") from e
+    t = ssh.SSHTransport(spec.name, spec.addrs, spec.user, operator_key, host_key, password=password)
     try:
         await t.check(["sh", "-c", INSTALL_KEY, public_line], what="installing the control plane's key")
     finally:
         await t.close()
 
 
-async def add_node(conf, name, addr, *, user="root", bootstrap_key=None, repin=False,
-                   host_key_fp="", base_dir="/opt/llmgw"):
+async def add_node(conf, spec, *, bootstrap_key=None, password=None, repin=False, host_key_fp=""):
     """Pin, authorise, discover and store a node; return (node, fingerprint, created)."""
-    check_name(name)
-    host_name, port = parse_addr(addr)
-    existing = Node.get_or_none(Node.name == name)
-    key, fp = await pin_host_key(name, host_name, port, existing, repin, host_key_fp)
-    if bootstrap_key:
-        await install_control_key(name, host_name, port, user, key, bootstrap_key,
-                                  ssh.public_key_line(conf["ssh"]["key"]))
-    node = existing or Node(name=name)
-    node.transport, node.addr, node.port, node.ssh_user = "ssh", host_name, port, user
-    node.host_key, node.host_key_fp, node.base_dir = key, fp, base_dir
+    existing = Node.get_or_none(Node.name == spec.name)
+    first_host, first_port = spec.addrs[0]
+    key, fp = await pin_host_key(spec.name, first_host, first_port, existing, repin, host_key_fp)
+    if bootstrap_key or password:
+        await install_control_key(spec, key, ssh.public_key_line(conf["ssh"]["key"]),
+                                  bootstrap_key, password)
+    node = existing or Node(name=spec.name)
+    node.transport, node.addr, node.port = "ssh", first_host, first_port
+    node.addrs = [list(a) for a in spec.addrs]
+    node.ssh_user, node.use_sudo, node.base_dir = spec.user, spec.user != "root", spec.base_dir
+    node.labels, node.fabric, node.fabric_hcas = spec.labels, spec.fabric, spec.fabric_hcas
+    node.mgmt_interface = spec.mgmt_interface
+    changed_key = existing is not None and existing.host_key_fp not in ("", fp)
+    node.host_key, node.host_key_fp = key, fp
     t = transport_for(node, conf)
     try:
-        node.facts = await discover(t, base_dir)
+        facts = await discover(t, spec.base_dir)
     finally:
         await t.close()
-    node.reachable, node.last_seen, node.last_error = True, utcnow(), ""
-    node.save()
+    with database.atomic():
+        node.reachable, node.last_seen, node.last_error = True, utcnow(), ""
+        old, node.facts, node.discovered = node.facts if existing else {}, facts, utcnow()
+        node.save()
+        log_event(node, f"host key re-pinned: {fp}" if changed_key else
+                  ("added" if existing is None else "updated") + f" with host key {fp}")
+        for sentence in changes.describe(old, facts):
+            log_event(node, sentence)
     return node, fp, existing is None
 
 
 async def add_local_node(name, base_dir):
     """Store this machine as a node reached without SSH (the demo's node)."""
-    check_name(name)
+    try:
+        nodespec.check_name(name)
+    except nodespec.SpecError as e:
+        raise LlmgwError(str(e)) from e
     node = Node.get_or_none(Node.name == name) or Node(name=name)
     node.transport, node.addr, node.port, node.base_dir = "local", "127.0.0.1", 0, base_dir
     node.facts = await discover(LocalTransport(name), base_dir)
-    node.reachable, node.last_seen, node.last_error = True, utcnow(), ""
+    node.reachable, node.last_seen, node.last_error, node.discovered = True, utcnow(), "", utcnow()
     node.save()
     return node
+
+
+async def remove_node(conf, node, force=False):
+    """Stop every llmgw engine on the node, then forget it; return the units stopped."""
+    t = transport_for(node, conf)
+    try:
+        sup = launch.supervisor_for(node.facts or {})
+        units = await running_units(t, sup, node.base_dir)
+        for name in sorted(units):
+            await t.check(launch.stop_argv(sup, f"llmgw-{name}", node.base_dir),
+                          what=f"stopping llmgw-{name}")
+    except NodeError as e:
+        if not force:
+            raise LlmgwError(f"{node.name} cannot be reached to stop its engines ({e}); they would "
+                             f"keep running. Bring it back, or remove it anyway with --force.") from e
+        units = set()
+    finally:
+        await t.close()
+    with database.atomic():
+        Replica.delete().where(Replica.node == node).execute()
+        node.delete_instance(recursive=True)
+    return units
+

@@ -1,16 +1,18 @@
 """Start, adopt, health-check and stop the engine replicas on one node."""
 import asyncio
+import logging
 
 import requests
 
 from ..errors import LlmgwError
-from ..models import EngineInstall, Replica, utcnow
 from ..facts import ports
+from ..models import EngineInstall, Replica, utcnow
 from ..plans import launch
 from ..plans.placement import free_port
+from ..plans.replica_state import next_step, retry_delay
 from . import logs, weights
 
-RETRY_FAILED_SECONDS = 30
+log = logging.getLogger("llmgw.replicas")
 
 
 def endpoint_of(node, port):
@@ -34,8 +36,22 @@ async def running_units(transport, supervisor, base_dir):
     return launch.parse_units(result.stdout)
 
 
-def _set(replica, state, detail=""):
+async def check_over_http(rows):
+    """Health-check replicas of a node SSH cannot reach: engines may well still serve."""
+    for r in rows:
+        if r.state in ("ready", "unhealthy") and r.endpoint:
+            ok = await asyncio.to_thread(healthy, r.endpoint)
+            if ok and r.state == "unhealthy":
+                _set(r, "ready", f"serving on {r.endpoint} (its node is unreachable over SSH)")
+            elif not ok and r.state == "ready":
+                _set(r, "unhealthy", f"{r.endpoint}/health stopped answering, and its node is "
+                                     f"unreachable over SSH")
+
+
+def _set(replica, state, detail="", **fields):
     replica.state, replica.detail, replica.updated = state, detail, utcnow()
+    for k, v in fields.items():
+        setattr(replica, k, v)
     replica.save()
 
 
@@ -56,41 +72,49 @@ class NodeReplicas:
         wanted = {r.name for r in rows}
         for orphan in sorted(running - wanted):
             await self.t.run(launch.stop_argv(self.supervisor, f"llmgw-{orphan}", self.node.base_dir))
-        await asyncio.gather(*(self._one(r, r.name in running) for r in rows),
-                             return_exceptions=True)
+        await asyncio.gather(*(self._one(r, r.name in running) for r in rows))
 
     async def _one(self, replica, is_running):
         try:
             await self._step(replica, is_running)
-        except (LlmgwError, OSError) as e:
-            _set(replica, "failed", str(e))
+        except Exception as e:  # one replica's trouble is its own row, never the pass's
+            if not isinstance(e, (LlmgwError, OSError)):
+                log.exception("replica %s", replica.name)
+            _set(replica, "failed", str(e) or type(e).__name__, failures=replica.failures + 1)
 
     async def _step(self, replica, is_running):
+        ok = False
         if is_running:
-            if not replica.supervisor:
-                replica.supervisor = self.supervisor
             replica.endpoint = endpoint_of(self.node, replica.port)
             ok = await asyncio.to_thread(healthy, replica.endpoint)
-            if ok and replica.state != "ready":
-                _set(replica, "ready", f"serving on {replica.endpoint} ({replica.supervisor})")
-            elif not ok and replica.state == "ready":
-                _set(replica, "unhealthy", f"{replica.endpoint}/health stopped answering")
-            elif not ok and replica.state in ("starting", "unhealthy", "pending", "failed"):
-                await self._maybe_give_up(replica)
-            return
-        if replica.state == "failed" and _age(replica) < RETRY_FAILED_SECONDS:
-            return
-        await self.start(replica)
-
-    async def _maybe_give_up(self, replica):
         limit = self.conf["reconciler"]["health_timeout"]
-        if replica.state == "starting" and _age(replica) > limit:
-            tail, _ = await logs.read(self.t, replica.supervisor, self.node.base_dir, replica.unit, 5)
+        action = next_step(replica.state, is_running, ok, _age(replica), limit, replica.failures)
+        if action == "ready":
+            _set(replica, "ready", f"serving on {replica.endpoint} ({replica.supervisor or self.supervisor})",
+                 failures=0, supervisor=replica.supervisor or self.supervisor)
+        elif action == "unhealthy":
+            _set(replica, "unhealthy", f"{replica.endpoint}/health stopped answering")
+        elif action == "adopt":
+            _set(replica, "starting", "found its engine running; waiting for /health",
+                 supervisor=replica.supervisor or self.supervisor)
+        elif action == "give_up":
+            tail = await self._tail(replica)
             await self.stop(replica)
-            _set(replica, "failed", f"not healthy after {limit} s; last lines: "
-                                    + " | ".join(line["text"] for line in tail[-3:]))
-        elif replica.state in ("pending", "failed"):
-            _set(replica, "starting", "found its engine running; waiting for /health")
+            self._fail(replica, f"not healthy after {limit} s", tail)
+        elif action == "crashed":
+            self._fail(replica, "its engine exited", await self._tail(replica))
+        elif action == "start":
+            await self.start(replica)
+
+    def _fail(self, replica, what, tail):
+        failures = replica.failures + 1
+        _set(replica, "failed", f"{what}; retrying in {retry_delay(failures)} s; last lines: {tail}",
+             failures=failures)
+
+    async def _tail(self, replica):
+        lines, _ = await logs.read(self.t, replica.supervisor or self.supervisor, self.node.base_dir,
+                                   replica.unit, 5)
+        return " | ".join(line["text"] for line in lines[-3:]) or "(none)"
 
     async def start(self, replica):
         """Fetch the weights and launch the replica's engine under the node's supervisor."""
@@ -110,9 +134,8 @@ class NodeReplicas:
                                   model.args or [], host)
         await self.t.check(launch.start_argv(self.supervisor, replica.unit, argv, self.node.base_dir),
                            what=f"starting {replica.unit}")
-        replica.supervisor = self.supervisor
-        replica.endpoint = endpoint_of(self.node, replica.port)
-        _set(replica, "starting", f"started as {replica.unit} under {self.supervisor}; waiting for /health")
+        _set(replica, "starting", f"started as {replica.unit} under {self.supervisor}; waiting for /health",
+             supervisor=self.supervisor, endpoint=endpoint_of(self.node, replica.port))
 
     async def _take_free_port(self, replica):
         """Move the replica to another port when something else on the node listens on its own."""
@@ -126,4 +149,3 @@ class NodeReplicas:
     async def stop(self, replica):
         await self.t.run(launch.stop_argv(replica.supervisor or self.supervisor, replica.unit,
                                           self.node.base_dir))
-

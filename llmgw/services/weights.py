@@ -31,6 +31,8 @@ def local_copy(source, cache_dir, sha256=""):
         return Path(where)
     name = posixpath.basename(urllib.parse.urlparse(where).path) or "model.gguf"
     target = Path(cache_dir) / "models" / hashlib.sha256(where.encode()).hexdigest()[:16] / name
+    if target.exists() and not sha256:
+        return target
     if target.exists() and (not sha256 or sha256_file(target) == sha256):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -59,6 +61,10 @@ async def ensure_on_node(transport, base_dir, model, cache_dir):
     """Put the model's file on the node unless an intact copy is already there; return its path."""
     if not model.source:
         return ""
+    if not model.sha256:
+        local = await asyncio.to_thread(local_copy, model.source, cache_dir)
+        model.sha256 = await asyncio.to_thread(sha256_file, local)
+        model.save(only=[type(model).sha256])
     path = remote_path(base_dir, model)
     have = await transport.run(["sha256sum", path])
     if have.ok and have.stdout.split()[:1] == [model.sha256]:

@@ -1,8 +1,9 @@
 """Web: one blueprint per noun. Pages render templates; HTMX asks for the partials."""
+import functools
 import secrets
 
 from flask import abort, request, session
-from flask_login import LoginManager
+from flask_login import LoginManager, current_user, login_required
 
 from ..models import User
 
@@ -33,6 +34,17 @@ def _check_csrf():
         abort(400, "The form's CSRF token is missing or stale; reload the page and try again.")
 
 
+def admin_required(view):
+    """Let only administrators through (checked on the server, whatever the page shows)."""
+    @functools.wraps(view)
+    @login_required
+    def wrapper(*args, **kwargs):
+        if not getattr(current_user, "is_admin", False):
+            abort(403, "This page is for administrators.")
+        return view(*args, **kwargs)
+    return wrapper
+
+
 def is_htmx():
     """Return whether this request came from HTMX (so a partial is wanted)."""
     return request.headers.get("HX-Request") == "true"
@@ -46,3 +58,4 @@ def register(app):
     app.before_request(_check_csrf)
     for module in (auth, cluster, gateway, health):
         app.register_blueprint(module.bp)
+    gateway.json_errors(app)

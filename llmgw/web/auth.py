@@ -1,4 +1,6 @@
 """Log in and out."""
+import urllib.parse
+
 from flask import Blueprint, flash, redirect, render_template, request, url_for
 from flask_login import UserMixin, login_required, login_user, logout_user
 
@@ -16,6 +18,15 @@ class LoginUser(UserMixin):
         self.is_admin = user.is_admin
 
 
+def safe_next(target):
+    """Return target when it is a path on this site, else '' (no open redirect)."""
+    parts = urllib.parse.urlsplit(target)
+    if (not target.startswith("/") or parts.scheme or parts.netloc
+            or any(c == "\\" or ord(c) < 32 for c in target) or target.startswith("//")):
+        return ""
+    return target
+
+
 @bp.route("/login", methods=["GET", "POST"])
 def login():
     if request.method == "POST":
@@ -24,9 +35,7 @@ def login():
         if user and user.is_active and security.check_password(user.password_hash,
                                                                request.form.get("password", "")):
             login_user(LoginUser(user))
-            target = request.args.get("next", "")
-            return redirect(target if target.startswith("/") and not target.startswith("//")
-                            else url_for("cluster.index"))
+            return redirect(safe_next(request.args.get("next", "")) or url_for("cluster.index"))
         flash("That email and password do not match an active account.")
     return render_template("login.html"), (401 if request.method == "POST" else 200)
 

@@ -1,11 +1,10 @@
 """The cluster page, a node's page, and its live log pane."""
 from flask import Blueprint, abort, render_template, request, url_for
-from flask_login import login_required
 
-from ..models import EngineInstall, LogRequest, Model, Node, Replica, utcnow
+from ..models import EngineInstall, LogRequest, Model, Node, NodeEvent, Replica, utcnow
 from ..plans import placement
 from ..plans.launch import supervisor_for
-from . import is_htmx
+from . import admin_required, is_htmx
 
 bp = Blueprint("cluster", __name__)
 REQUEST_PATIENCE_SECONDS = 15
@@ -37,7 +36,7 @@ def cluster_view():
 
 
 @bp.get("/")
-@login_required
+@admin_required
 def index():
     template = "_cluster.html" if is_htmx() else "cluster.html"
     return render_template(template, **cluster_view())
@@ -51,7 +50,7 @@ def _node(name):
 
 
 @bp.get("/nodes/<name>")
-@login_required
+@admin_required
 def node_page(name):
     node = _node(name)
     reps = list(Replica.select().where(Replica.node == node).order_by(Replica.name))
@@ -59,7 +58,8 @@ def node_page(name):
     if source and source not in {r.name for r in reps}:
         abort(404, f"{name} runs no replica called {source!r}.")
     req = _ask(node, source, "") if source else None
-    return render_template("node.html", node=node, replicas=reps, source=source, req=req,
+    events = list(node.events.order_by(NodeEvent.id.desc()).limit(50))
+    return render_template("node.html", node=node, replicas=reps, source=source, req=req, events=events,
                            installs=list(node.installs), supervisor=supervisor_for(node.facts or {}))
 
 
@@ -69,7 +69,7 @@ def _ask(node, source, cursor):
 
 
 @bp.get("/nodes/<name>/logs/<int:req_id>")
-@login_required
+@admin_required
 def log_poll(name, req_id):
     """Answer a log pane's poll: new lines and the next poller, 204 while the reconciler works."""
     node = _node(name)

@@ -10,6 +10,7 @@ import time
 
 import requests
 from flask import Blueprint, Response, current_app, jsonify, request, stream_with_context
+from werkzeug.exceptions import HTTPException
 
 from ..models import Model, Node, Replica
 from ..services import tenancy
@@ -60,6 +61,26 @@ class Routes:
         turn = next(self.turn)
         return sorted(endpoints, key=lambda e: (self.inflight.get(e, 0),
                                                 (endpoints.index(e) - turn) % max(len(endpoints), 1)))
+
+
+def json_errors(app):
+    """Answer errors under /v1/ in OpenAI's shape, never as an HTML page."""
+    @app.errorhandler(HTTPException)
+    def _http(e):
+        if not request.path.startswith("/v1/"):
+            return e
+        kind = "invalid_request_error" if e.code < 500 else "server_error"
+        return error(e.code, f"{e.name}: {e.description}", kind)
+
+    @app.errorhandler(Exception)
+    def _unexpected(e):
+        if isinstance(e, HTTPException):
+            return _http(e)
+        current_app.logger.exception("unhandled error on %s", request.path)
+        if request.path.startswith("/v1/"):
+            return error(500, "The gateway failed unexpectedly; the server log has the details.",
+                         "server_error")
+        return "Internal server error; the server log has the details.", 500
 
 
 routes = Routes()

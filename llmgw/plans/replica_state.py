@@ -1,0 +1,29 @@
+"""What to do next with one replica, from what was seen of it. Pure."""
+
+RETRY_FIRST, RETRY_MAX = 30, 600
+
+
+def retry_delay(failures):
+    """Seconds to wait before starting a replica that has failed `failures` times in a row."""
+    return min(RETRY_FIRST * 2 ** max(failures - 1, 0), RETRY_MAX)
+
+
+def next_step(state, running, healthy, age, health_timeout, failures):
+    """Return the action for a replica: ready, unhealthy, adopt, give_up, crashed, start or wait.
+
+    state: what the row says; running: its unit runs on the node; healthy: /health answered;
+    age: seconds since the row last changed; failures: failed starts in a row.
+    """
+    if running:
+        if healthy:
+            return "ready" if state != "ready" else "wait"
+        if state == "ready":
+            return "unhealthy"
+        if state in ("starting", "unhealthy"):
+            return "give_up" if age > health_timeout else "wait"
+        return "adopt"  # running, but the row thought otherwise: watch it start
+    if state in ("starting", "ready", "unhealthy"):
+        return "crashed"
+    if state == "failed" and age < retry_delay(failures):
+        return "wait"
+    return "start"
