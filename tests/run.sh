@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 export LLMGW_TEST_CACHE="${LLMGW_TEST_CACHE:-$HOME/.cache/llmgw-test}"
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  packages=(openssh-server iproute2 chromium chromium-driver python3-venv build-essential cmake ninja-build)
+  packages=(openssh-server iproute2 sudo chromium chromium-driver python3-venv build-essential cmake ninja-build)
   missing=()
   for p in "${packages[@]}"; do
     dpkg-query -W -f='${db:Status-Abbrev}' "$p" 2>/dev/null | grep -q '^ii' || missing+=("$p")

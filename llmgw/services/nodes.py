@@ -107,6 +107,23 @@ async def pin_host_key(name, addr, port, existing, repin=False, expected_fp=""):
     return key, fp
 
 
+async def _pin_first_answering(spec, existing, repin, host_key_fp):
+    """Pin the host key offered at the first address that answers; return it and that address.
+
+    That address is also where the control plane reaches the node's engines.
+    """
+    errors = []
+    for host_name, port in spec.addrs:
+        try:
+            key, fp = await pin_host_key(spec.name, host_name, port, existing, repin, host_key_fp)
+            return key, fp, host_name, port
+        except HostKeyMismatch:
+            raise
+        except NodeError as e:
+            errors.append(str(e))
+    raise NodeError(spec.name, "no address answered: " + "; ".join(errors))
+
+
 async def install_control_key(spec, host_key, public_line, operator_key_path=None, password=None):
     """Append the control plane's public key to the node user's authorized_keys, once."""
     operator_key = None
@@ -127,8 +144,7 @@ async def install_control_key(spec, host_key, public_line, operator_key_path=Non
 async def add_node(conf, spec, *, bootstrap_key=None, password=None, repin=False, host_key_fp=""):
     """Pin, authorise, discover and store a node; return (node, fingerprint, created)."""
     existing = Node.get_or_none(Node.name == spec.name)
-    first_host, first_port = spec.addrs[0]
-    key, fp = await pin_host_key(spec.name, first_host, first_port, existing, repin, host_key_fp)
+    key, fp, first_host, first_port = await _pin_first_answering(spec, existing, repin, host_key_fp)
     if bootstrap_key or password:
         await install_control_key(spec, key, ssh.public_key_line(conf["ssh"]["key"]),
                                   bootstrap_key, password)
