@@ -76,6 +76,7 @@ def load(root=None):
     """Read the configuration (defaults when the file does not exist yet) and fill derived paths."""
     path = config_path(root)
     conf = copy.deepcopy(DEFAULTS)
+    conf["node_engines"] = {}
     if path.exists():
         try:
             found = tomllib.loads(path.read_text())
@@ -90,7 +91,28 @@ def load(root=None):
     return conf
 
 
+# Engines llmgw does not install (Python environments of several GB) but uses where named:
+# [node_engines.NODE] vllm = "/path/to/vllm", sglang = "/path/to/python".
+PROBED_ENGINES = ("vllm", "sglang")
+
+
+def _node_engines(found, path):
+    table = found.pop("node_engines", {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: [node_engines] must be a table of [node_engines.NODE] tables.")
+    for node, engines in table.items():
+        if not isinstance(engines, dict):
+            raise ConfigError(f"{path}: node_engines.{node} must be a table like "
+                              f'[node_engines.{node}] vllm = "/opt/vllm/bin/vllm".')
+        for engine, where in engines.items():
+            if engine not in PROBED_ENGINES or not isinstance(where, str) or not where.startswith("/"):
+                raise ConfigError(f"{path}: node_engines.{node}.{engine} = {where!r}: name one of "
+                                  f"{', '.join(PROBED_ENGINES)} and give an absolute path on the node.")
+    return table
+
+
 def _merge(conf, found, path):
+    conf["node_engines"] = _node_engines(found, path)
     for section, values in found.items():
         if section not in conf or not isinstance(values, dict):
             raise ConfigError(f"{path}: unknown section [{section}]. Known sections: "
@@ -105,6 +127,8 @@ def _merge(conf, found, path):
 def _apply_env(conf):
     """Apply LLMGW_<SECTION>_<KEY> overrides, converted to the default's type."""
     for section, values in conf.items():
+        if section not in DEFAULTS:
+            continue
         for key, default in values.items():
             name = f"LLMGW_{section}_{key}".upper()
             if name in os.environ:

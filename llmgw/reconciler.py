@@ -16,10 +16,10 @@ from pathlib import Path
 from . import db as dbmod
 from .errors import LlmgwError
 from .executors.release import ReleaseCache
-from .models import LogRequest, Model, Node, Replica, database, utcnow
+from .models import EngineInstall, LogRequest, Model, Node, Replica, database, utcnow
 from .plans import placement
 from .services import logs, nodes
-from .services.install import Installer
+from .services.install import Installer, converge_probed
 from .services.replicas import NodeReplicas, check_over_http, running_units
 from .plans.launch import supervisor_for
 
@@ -133,6 +133,10 @@ class Reconciler:
             row = installer.row(engine, version)
             if row.state == "pending" or row.version != version or row.next_check <= utcnow():
                 await installer.converge(engine, version)
+        for engine, path in self.conf["node_engines"].get(node.name, {}).items():
+            row = EngineInstall.get_or_none(node=node, engine=engine)
+            if row is None or row.binary != path or row.next_check <= utcnow():
+                await converge_probed(node, installer.t, engine, path, r["verify_interval"])
 
     def place(self, all_nodes):
         """Record where each model's replicas go and drop surplus replicas."""

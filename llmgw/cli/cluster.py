@@ -8,7 +8,7 @@ from ..models import Model, Node, NodeEvent, Replica
 from ..plans.launch import supervisor_for
 from ..plans.placement import slug
 from ..services import logs as logsvc
-from ..services import nodes, weights
+from ..services import install, nodes, weights
 from ..executors.release import sha256_file
 from . import conf, echo_json, llmgw, root_option, run_async
 
@@ -88,6 +88,28 @@ def discover(name):
     run_async(go())
     new = list(node.events.order_by(NodeEvent.id).offset(before))
     click.echo(f"discovered {name}: " + ("; ".join(e.text for e in new) if new else "nothing changed"))
+
+
+@llmgw.command("engine-check")
+@click.argument("name")
+@click.argument("engine", type=click.Choice(["vllm", "sglang"]))
+@click.argument("path")
+@root_option
+def engine_check(name, engine, path):
+    """Probe an engine llmgw does not install (vLLM: its binary; SGLang: its python) on a node."""
+    if not path.startswith("/"):
+        raise LlmgwError(f"{path!r} is not an absolute path on the node.")
+    t = nodes.transport_for(_node(name), conf())
+
+    async def go():
+        try:
+            return await install.probe(t, engine, path)
+        finally:
+            await t.close()
+    ok, sentence = run_async(go())
+    if not ok:
+        raise LlmgwError(sentence)
+    click.echo(f"{name}: {sentence}; name it under [node_engines.{name}] as {engine} = \"{path}\"")
 
 
 def _node(name):

@@ -12,6 +12,7 @@ from ..facts.ldd import missing_libraries
 from ..models import EngineInstall, utcnow
 from ..plans import archive, packages
 from ..plans.engines import Unsupported, choose, slow_cpu_warning
+from ..plans.probes import parse_version, probe_argv
 
 MARKER = ".llmgw-installed"
 RETRY_FIRST, RETRY_MAX = 60, 600
@@ -191,3 +192,27 @@ def _later(seconds):
     return utcnow() + datetime.timedelta(seconds=seconds)
 
 
+
+
+async def probe(transport, engine, path):
+    """Run an engine's probe on the node; return (ok, sentence)."""
+    result = await transport.run(probe_argv(engine, path), timeout=120)
+    if not result.ok:
+        what = "is not there" if result.exit_status in (126, 127) else f"failed (exit {result.exit_status})"
+        return False, f"{engine} at {path} {what}: {result.tail()}"
+    version = parse_version(result.stdout + " " + result.stderr)
+    if not version:
+        return False, f"{engine} at {path} ran but said no version: {result.tail()}"
+    return True, f"{engine} {version} at {path}"
+
+
+async def converge_probed(node, transport, engine, path, verify_interval):
+    """Record whether a configured engine runs: ready with its version, or failed with why."""
+    row, _ = EngineInstall.get_or_create(node=node, engine=engine, defaults={"version": ""})
+    ok, sentence = await probe(transport, engine, path)
+    row.state, row.detail, row.updated = ("ready" if ok else "failed"), sentence, utcnow()
+    row.version = sentence.split()[1] if ok else row.version
+    row.binary, row.variant = path, "configured"
+    row.next_check = _later(verify_interval if ok else RETRY_FIRST)
+    row.save()
+    return row
