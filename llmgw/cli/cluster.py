@@ -130,8 +130,10 @@ def list_nodes(as_json):
                     "labels": n.labels or {}, "fabric": n.fabric, "user": n.ssh_user,
                     "last_error": n.last_error, "host_key": n.host_key_fp,
                     "supervisor": supervisor_for(n.facts or {}),
-                    "installs": [{"engine": i.engine, "version": i.version, "state": i.state,
-                                  "detail": i.detail} for i in n.installs],
+                    "installs": [{"engine": i.engine, "version": i.version, "variant": i.variant,
+                                  "state": i.state, "detail": i.detail} for i in n.installs],
+                    "gpus": [{k: g[k] for k in ("index", "name", "class", "healthy", "reason")}
+                             for g in (n.facts or {}).get("gpus", [])],
                     "replicas": [{"name": r.name, "state": r.state, "endpoint": r.endpoint,
                                   "detail": r.detail} for r in n.replicas]})
     if as_json:
