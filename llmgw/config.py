@@ -35,6 +35,7 @@ DEFAULTS = {
         "llamacpp": DEFAULT_LLAMACPP,
         "github_api": "https://api.github.com",
         "github_download": "https://github.com",
+        "download_on_node": False,
         "cache": "",
     },
     "reconciler": {

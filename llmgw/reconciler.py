@@ -128,7 +128,7 @@ class Reconciler:
             return
         r = self.conf["reconciler"]
         installer = Installer(node, self.transport(node), self.releases, r["verify_interval"],
-                              r["package_lock_retry"])
+                              r["package_lock_retry"], self.conf["engines"]["download_on_node"])
         for engine, version in self.wanted_engines().items():
             row = installer.row(engine, version)
             if row.state == "pending" or row.version != version or row.next_check <= utcnow():

@@ -11,12 +11,16 @@ from llmgw.reconciler import Reconciler
 from llmgw.services import nodes, tenancy
 from llmgw.services.replicas import running_units
 from llmgw.executors.transport import LocalTransport
+from tests.conftest import free_port
 
 
 @pytest.fixture
 def cluster(app, tmp_path):
     conf = app.config["LLMGW"]
     conf["engines"]["llamacpp"] = ""
+    # A range of its own, so another llmgw on this machine (a demo, a parallel run) is no neighbour.
+    base = free_port()
+    conf["reconciler"]["port_range"] = f"{base}-{base + 50}"
     node = asyncio.run(nodes.add_local_node("local", str(tmp_path / "node")))
     Model.create(name="demo", engine="sim", source="", sha256="", replicas=1,
                  args=["--token-delay", "0.05"])

@@ -74,13 +74,21 @@ class ReleaseCache:
         except ValueError as e:
             raise ReleaseError(f"{url} did not answer JSON: {e}") from e
 
-    def asset(self, repo, tag, name, progress=lambda text: None):
-        """Return the local path of a verified asset, downloading it on first use."""
-        sums = self.digests(repo, tag)
-        want = sums.get(name)
+    def digest(self, repo, tag, name):
+        """Return the published sha256 of one asset, refusing an asset published without one."""
+        want = self.digests(repo, tag).get(name)
         if not want:
             raise ReleaseError(f"{repo} {tag} publishes no sha256 for {name}, so it cannot be "
                                f"verified and is not installed")
+        return want
+
+    def url(self, repo, tag, name):
+        """Return where an asset is downloaded from."""
+        return f"{self.download_base}/{repo}/releases/download/{tag}/{name}"
+
+    def asset(self, repo, tag, name, progress=lambda text: None):
+        """Return the local path of a verified asset, downloading it on first use."""
+        want = self.digest(repo, tag, name)
         path = self._dir(repo, tag) / name
         with _lock(str(path)):
             if path.exists() and sha256_file(path) == want:
@@ -89,7 +97,7 @@ class ReleaseCache:
         return path
 
     def _download(self, repo, tag, name, path, want, progress):
-        url = f"{self.download_base}/{repo}/releases/download/{tag}/{name}"
+        url = self.url(repo, tag, name)
         part = path.with_name(path.name + ".partial")
         h = hashlib.sha256()
         try:

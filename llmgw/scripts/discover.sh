@@ -23,7 +23,7 @@ echo "== weights"; find "$base/models" -maxdepth 1 -type f -name '*.gguf' -print
 echo "== init"; cat /proc/1/comm 2>/dev/null; test -d /run/systemd/system && echo systemd-running
 echo "== uid"; id -u
 echo "== tools"
-for t in python3 systemd-run systemctl journalctl setsid tar sha256sum ldd apt-get dnf yum zypper; do
+for t in python3 systemd-run systemctl journalctl setsid tar sha256sum ldd apt-get dnf yum zypper curl wget; do
   command -v "$t" >/dev/null 2>&1 && echo "$t"
 done
 echo "== end"

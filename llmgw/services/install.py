@@ -10,6 +10,7 @@ from ..errors import InstallError, LlmgwError
 from ..facts.host import packaging_family
 from ..facts.ldd import missing_libraries
 from ..models import EngineInstall, utcnow
+from ..facts import tarlist
 from ..plans import archive, packages
 from ..plans.engines import Unsupported, choose, slow_cpu_warning
 from ..plans.probes import parse_version, probe_argv
@@ -25,8 +26,10 @@ def engine_dir(base_dir, build):
 class Installer:
     """Brings one engine on one node to ready, recording every step on its EngineInstall row."""
 
-    def __init__(self, node, transport, releases, verify_interval=600, lock_retry=None):
+    def __init__(self, node, transport, releases, verify_interval=600, lock_retry=None,
+                 on_node=False):
         self.node, self.t, self.releases = node, transport, releases
+        self.on_node = on_node
         self.verify_interval = verify_interval
         self.lock_retry = packages.LOCK_RETRY_SECONDS if lock_retry is None else lock_retry
 
@@ -118,26 +121,52 @@ class Installer:
         return posixpath.relpath(paths[0], scratch), sums
 
     async def _push_asset(self, row, build, asset, scratch):
-        def progress(text):
-            self._set(row, "installing", text)
         self._set(row, "installing", f"asking for the checksums of {build.engine} {build.version}")
-        local = await asyncio.to_thread(self.releases.asset, build.repo, build.version, asset, progress)
-        bad = archive.refusals(await asyncio.to_thread(archive.tar_members, local))
-        if bad:
-            raise InstallError(f"{asset} was refused: " + "; ".join(bad[:3]))
-        want = self.releases.digests(build.repo, build.version)[asset]
+        want = await asyncio.to_thread(self.releases.digest, build.repo, build.version, asset)
         remote = posixpath.join(scratch, asset)
-        self._set(row, "installing", f"copying {asset} to the node")
-        await self.t.put(str(local), remote)
+        if self.on_node:
+            await self._download_on_node(row, build, asset, remote)
+        else:
+            members = await self._copy_from_cache(row, build, asset, remote)
         got = (await self.t.check(["sha256sum", remote])).stdout.split()[:1]
         if got != [want]:
-            raise InstallError(f"{asset} arrived on the node damaged: its sha256 checksum is "
-                               f"{(got or ['?'])[0][:12]}…, expected {want[:12]}…")
+            where = "downloaded on the node" if self.on_node else "arrived on the node damaged"
+            raise InstallError(f"{asset} {where} does not match the sha256 checksum its publisher "
+                               f"gave ({(got or ['?'])[0][:12]}…, expected {want[:12]}…)")
+        if self.on_node:
+            members = tarlist.parse_listing((await self.t.check(tarlist.listing_argv(remote))).stdout)
+        bad = archive.refusals(members)
+        if bad:
+            raise InstallError(f"{asset} was refused: " + "; ".join(bad[:3]))
         self._set(row, "installing", f"unpacking {asset}")
         await self.t.check(["tar", "-xzf", remote, "-C", scratch, "--no-same-owner"],
                            what=f"unpacking {asset}")
         await self.t.check(["rm", "-f", remote])
         return want
+
+    async def _copy_from_cache(self, row, build, asset, remote):
+        """Download once into the control plane's cache, check the archive, copy it over."""
+        def progress(text):
+            self._set(row, "installing", text)
+        local = await asyncio.to_thread(self.releases.asset, build.repo, build.version, asset, progress)
+        members = await asyncio.to_thread(archive.tar_members, local)
+        self._set(row, "installing", f"copying {asset} to the node")
+        await self.t.put(str(local), remote)
+        return members
+
+    async def _download_on_node(self, row, build, asset, remote):
+        """Let the node fetch the asset itself (engines.download_on_node)."""
+        url = self.releases.url(build.repo, build.version, asset)
+        tools = (self.node.facts or {}).get("tools", [])
+        if "curl" in tools:
+            argv = ["curl", "-fsSL", "--retry", "2", "-o", remote, url]
+        elif "wget" in tools:
+            argv = ["wget", "-q", "-O", remote, url]
+        else:
+            raise InstallError("the node has neither curl nor wget to download with; install one, "
+                               "or set engines.download_on_node = false to push from the control plane")
+        self._set(row, "installing", f"downloading {asset} on the node")
+        await self.t.check(argv, timeout=3600, what=f"downloading {asset} on the node")
 
     async def _verify(self, build, binary):
         """Prove the build runs: ldd names what is missing, --version proves the rest."""

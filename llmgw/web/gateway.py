@@ -83,8 +83,12 @@ def json_errors(app):
         return "Internal server error; the server log has the details.", 500
 
 
-routes = Routes()
-_keys = {}
+def caches():
+    """Return this app's (routes, keys) caches: one set per app, so each worker and test has its own."""
+    got = current_app.extensions.get("llmgw.gateway")
+    if got is None:
+        got = current_app.extensions["llmgw.gateway"] = (Routes(), {})
+    return got
 
 
 def authenticate():
@@ -94,6 +98,7 @@ def authenticate():
     if scheme.lower() != "bearer" or not token.strip():
         return None
     token = token.strip()
+    _keys = caches()[1]
     cached = _keys.get(token)
     if cached and time.monotonic() - cached[1] < KEY_CACHE_SECONDS:
         return cached[0]
@@ -111,12 +116,13 @@ def _auth():
         return error(401, "Missing or invalid API key. Send 'Authorization: Bearer <key>' with a key "
                           "from `flask llmgw keys create`.", "invalid_request_error", "invalid_api_key")
     request.llmgw_key = key
-    routes.refresh(current_app.config["LLMGW"]["gateway"]["route_cache_seconds"])
+    caches()[0].refresh(current_app.config["LLMGW"]["gateway"]["route_cache_seconds"])
     return None
 
 
 @bp.get("/models")
 def list_models():
+    routes = caches()[0]
     data = [{"id": name, "object": "model", "created": 0, "owned_by": "llmgw"}
             for name in sorted(routes.models)]
     return jsonify({"object": "list", "data": data})
@@ -130,6 +136,7 @@ def relay(path):
     body = request.get_json(force=True, silent=True)
     if not isinstance(body, dict):
         return error(400, "The request body must be a JSON object.", "invalid_request_error")
+    routes = caches()[0]
     model = body.get("model")
     if not isinstance(model, str) or not model:
         return error(400, "'model' is required and must be a string.", "invalid_request_error",
@@ -149,6 +156,7 @@ def relay(path):
 def forward(endpoints, path, data, stream):
     """Send the request to the first endpoint that answers; relay its response unbuffered."""
     g = current_app.config["LLMGW"]["gateway"]
+    routes = caches()[0]
     last = None
     for endpoint in endpoints[:3]:
         routes.inflight[endpoint] = routes.inflight.get(endpoint, 0) + 1
@@ -160,11 +168,11 @@ def forward(endpoints, path, data, stream):
             routes.inflight[endpoint] -= 1
             last = e
             continue  # nothing reached the client yet, so another replica may answer
-        return _relay(upstream, endpoint, stream)
+        return _relay(upstream, endpoint, stream, routes)
     return error(502, f"No replica answered ({last}).", "server_error", "upstream_unreachable")
 
 
-def _relay(upstream, endpoint, stream):
+def _relay(upstream, endpoint, stream, routes):
     def body():
         try:
             if not stream:

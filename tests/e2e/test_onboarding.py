@@ -89,3 +89,29 @@ def test_removing_a_node_stops_its_engines_first(fleet):
     assert "removed ops; stopped llmgw-tiny-0" in out
     assert ops.exec(["pgrep", "-f", "llama-server"]).stdout == ""
     assert "ops" not in nodes_json(root)
+
+
+def test_a_password_typed_once_installs_the_key_and_is_not_kept(fleet):
+    import os
+    import sys
+    from tests.conftest import TOP
+    root, node = fleet["root"], fleet["asker"]
+    node.exec(["sh", "-c", "sed -i 's/^PasswordAuthentication no/PasswordAuthentication yes/' "
+                           "/etc/ssh/llmgw-test/sshd_config"])
+    add_user(node, "pwuser", "pwuser ALL=(ALL) NOPASSWD: ALL", "")
+    node.exec(["sh", "-c", "echo 'pwuser:pw-for-llmgw-test' | chpasswd"])
+    node.stop_sshd()
+    node.start_sshd()
+    env = {k: v for k, v in os.environ.items() if k != "LLMGW_ROOT"}
+    result = subprocess.run([sys.executable, "-m", "flask", "--app", "llmgw:create_app", "llmgw",
+                             "add-node", "typed", "--addr", node.ip, "--user", "pwuser", "--password",
+                             "--root", str(root)],
+                            cwd=TOP, env=env, input="pw-for-llmgw-test\n", capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "added typed" in result.stdout
+    keys = node.read_file("/home/pwuser/.ssh/authorized_keys")
+    assert "llmgw-control-plane" in keys
+    for path in root.rglob("*"):
+        if path.is_file() and path.suffix != ".log":
+            assert b"pw-for-llmgw-test" not in path.read_bytes(), path

@@ -59,8 +59,10 @@ class _Asset:
 
 
 class FakeGitHub:
-    def __init__(self, repo: str = "ggml-org/llama.cpp", redirect: bool = False):
+    def __init__(self, repo: str = "ggml-org/llama.cpp", redirect: bool = False,
+                 host: str = "127.0.0.1"):
         self.repo = repo
+        self.host = host  # a test node's bridge address, for nodes that download themselves
         self.redirect = redirect
         self.releases: dict[str, dict[str, _Asset]] = {}
         self._order: list[str] = []
@@ -124,9 +126,9 @@ class FakeGitHub:
         class Handler(_Handler):
             gh = fake
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = ThreadingHTTPServer((self.host, 0), Handler)
         self._server.daemon_threads = True
-        self.base_url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self.base_url = f"http://{self.host}:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever,
                                         name="fake-github", daemon=True)
         self._thread.start()
