@@ -45,6 +45,17 @@ DEFAULTS = {
         "health_timeout": 180,
         "port_range": "18000-18999",
     },
+    "limits": {
+        "default_rpm": 0,
+        "default_tpm": 0,
+        "default_budget": 0.0,
+        "default_period": "month",
+        "default_max_tokens": 512,
+    },
+    "prices": {
+        "default_prompt_per_1k": 0.0,
+        "default_completion_per_1k": 0.0,
+    },
     "gateway": {
         "connect_timeout": 5,
         "read_timeout": 600,
@@ -139,6 +150,11 @@ def _apply_env(conf):
 def _convert(name, raw, default):
     if isinstance(default, bool):
         return raw.lower() in ("1", "true", "yes", "on")
+    if isinstance(default, float):
+        try:
+            return float(raw)
+        except ValueError:
+            raise ConfigError(f"{name}={raw!r} is not a number; set it to e.g. {default}.")
     if isinstance(default, int):
         try:
             return int(raw)

@@ -67,6 +67,48 @@ class ApiKey(Base):
     created = pw.DateTimeField(default=utcnow)
     expires = pw.DateTimeField(null=True)
     revoked = pw.DateTimeField(null=True)
+    models = JSONField(null=True)  # allow-list; None: every model
+
+
+class LimitRule(Base):
+    """Limits set on one scope (key, project, team or org); None means 'not set here'."""
+
+    scope_kind = pw.TextField()
+    scope_id = pw.IntegerField()
+    rpm = pw.IntegerField(null=True)
+    tpm = pw.IntegerField(null=True)
+    budget = pw.FloatField(null=True)
+    period = pw.TextField(default="month")
+
+
+class Price(Base):
+    model = pw.TextField(unique=True)
+    prompt_per_1k = pw.FloatField()
+    completion_per_1k = pw.FloatField()
+
+
+class Counter(Base):
+    """What one scope used (and holds reserved) in one window of one kind (rpm, tpm, budget)."""
+
+    scope_kind = pw.TextField()
+    scope_id = pw.IntegerField()
+    kind = pw.TextField()
+    slot = pw.TextField()  # which minute, day, week or month
+    used = pw.FloatField(default=0)
+    reserved = pw.FloatField(default=0)
+
+
+class Usage(Base):
+    created = pw.DateTimeField(default=utcnow)
+    key_id = pw.IntegerField(null=True)
+    project_id = pw.IntegerField()
+    model = pw.TextField()
+    prompt_tokens = pw.IntegerField()
+    completion_tokens = pw.IntegerField()
+    cost = pw.FloatField()
+    latency_ms = pw.IntegerField()
+    status = pw.IntegerField()
+    endpoint = pw.TextField()
 
 
 class Node(Base):

@@ -67,8 +67,8 @@ def test_migrations_apply_revert_and_apply_again(app):
     assert migrate.upgrade(db) == []
     migrate.downgrade(db, 0)
     assert "node" not in db.get_tables()
-    assert migrate.upgrade(db) == ["0001_initial", "0002_node_onboarding"]
+    assert migrate.upgrade(db) == ["0001_initial", "0002_node_onboarding", "0003_limits_and_usage"]
     assert "node" in db.get_tables()
     migrate.downgrade(db, 1)
     assert "node_event" not in db.get_tables() and "node" in db.get_tables()
-    assert migrate.upgrade(db) == ["0002_node_onboarding"]
+    assert migrate.upgrade(db) == ["0002_node_onboarding", "0003_limits_and_usage"]

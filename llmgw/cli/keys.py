@@ -14,10 +14,13 @@ def keys():
 @keys.command("create")
 @click.option("--project", default="default", show_default=True)
 @click.option("--name", default="", help="A label to recognise the key by.")
+@click.option("--models", default="", help="Comma-separated models the key may use (default: all).")
+@click.option("--expires-days", type=click.IntRange(1), help="Stop working after this many days.")
 @root_option
-def create(project, name):
+def create(project, name, models, expires_days):
     """Create an API key and print it (the only time it is shown)."""
-    row, key = tenancy.create_key(project, name)
+    row, key = tenancy.create_key(project, name, models=[m for m in models.split(",") if m] or None,
+                                  expires_days=expires_days)
     click.echo(key)
     click.echo(f"(key {row.prefix}… in project {project}; it is not shown again)", err=True)
 

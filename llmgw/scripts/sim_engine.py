@@ -135,6 +135,7 @@ def main(argv=None):
     if args.version:
         print("version: " + VERSION)
         return 0
+    ThreadingHTTPServer.request_queue_size = 256  # the default backlog of 5 refuses bursts
     server = ThreadingHTTPServer((args.host, args.port), Handler)
     server.daemon_threads = True
     server.model, server.delay = args.model, args.token_delay

@@ -1,6 +1,7 @@
 """Start, adopt, health-check and stop the engine replicas on one node."""
 import asyncio
 import logging
+import time
 
 import requests
 
@@ -22,12 +23,21 @@ def endpoint_of(node, port):
     return f"http://{host}:{port}"
 
 
-def healthy(endpoint, timeout=3):
-    """Return whether an engine answers /health with 200 (run in a thread)."""
-    try:
-        return requests.get(endpoint + "/health", timeout=timeout).status_code == 200
-    except requests.RequestException:
-        return False
+def healthy(endpoint, timeout=3, tries=2):
+    """Return whether an engine answers /health with 200 (run in a thread).
+
+    A second try after a short pause: one probe lost in a burst of traffic must not take a
+    serving replica out of routing.
+    """
+    for attempt in range(tries):
+        try:
+            if requests.get(endpoint + "/health", timeout=timeout).status_code == 200:
+                return True
+        except requests.RequestException:
+            pass
+        if attempt + 1 < tries:
+            time.sleep(0.5)
+    return False
 
 
 async def running_units(transport, supervisor, base_dir):

@@ -1,4 +1,6 @@
 """Orgs, teams, projects, users and API keys."""
+import datetime
+
 from .. import security
 from ..errors import LlmgwError
 from ..models import ApiKey, Membership, Org, Project, Team, User, database, utcnow
@@ -40,12 +42,13 @@ def find_project(name):
     return project
 
 
-def create_key(project_name, name="", user=None):
+def create_key(project_name, name="", user=None, models=None, expires_days=None):
     """Create an API key in a project; return (row, the key itself — shown once)."""
     project = find_project(project_name)
     key = security.generate_key()
+    expires = utcnow() + datetime.timedelta(days=expires_days) if expires_days else None
     row = ApiKey.create(project=project, user=user, name=name, prefix=security.display_prefix(key),
-                        key_hash=security.hash_key(key))
+                        key_hash=security.hash_key(key), models=models, expires=expires)
     return row, key
 
 

@@ -8,26 +8,18 @@ import itertools
 import threading
 import time
 
-import requests
-from flask import Blueprint, Response, current_app, jsonify, request, stream_with_context
+from flask import Blueprint, current_app, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from ..models import Model, Node, Replica
-from ..services import tenancy
+from ..services import quota, tenancy
+from . import relay as relay_mod
+from .openai_errors import error
 
 bp = Blueprint("gateway", __name__, url_prefix="/v1")
 ENGINE_PATHS = {"chat/completions", "completions", "embeddings"}
 KEY_CACHE_SECONDS = 5
 KEY_CACHE_MAX = 10000
-
-
-def error(status, message, kind, code=None, param=None, headers=None):
-    """Return an error in OpenAI's JSON shape."""
-    resp = jsonify({"error": {"message": message, "type": kind, "param": param, "code": code}})
-    resp.status_code = status
-    for k, v in (headers or {}).items():
-        resp.headers[k] = v
-    return resp
 
 
 class Routes:
@@ -124,7 +116,7 @@ def _auth():
 def list_models():
     routes = caches()[0]
     data = [{"id": name, "object": "model", "created": 0, "owned_by": "llmgw"}
-            for name in sorted(routes.models)]
+            for name in sorted(routes.models) if quota.allowed(request.llmgw_key, name)]
     return jsonify({"object": "list", "data": data})
 
 
@@ -145,46 +137,19 @@ def relay(path):
         names = ", ".join(sorted(routes.models)) or "none"
         return error(404, f"The model '{model}' does not exist (models: {names}).",
                      "invalid_request_error", "model_not_found", "model")
+    key = request.llmgw_key
+    if not quota.allowed(key, model):
+        return error(403, f"This API key may not use the model '{model}' (it may use: "
+                          f"{', '.join(key.models)}).", "invalid_request_error", "model_not_allowed",
+                     "model")
     endpoints = routes.pick(model)
     if not endpoints:
         why = "; ".join(routes.models[model]["why"]) or "no replica has been placed yet"
         return error(503, f"No ready replica of '{model}': {why}.", "server_error",
                      "no_ready_replica", headers={"Retry-After": "5"})
-    return forward(endpoints, path, request.get_data(), bool(body.get("stream")))
-
-
-def forward(endpoints, path, data, stream):
-    """Send the request to the first endpoint that answers; relay its response unbuffered."""
-    g = current_app.config["LLMGW"]["gateway"]
-    routes = caches()[0]
-    last = None
-    for endpoint in endpoints[:3]:
-        routes.inflight[endpoint] = routes.inflight.get(endpoint, 0) + 1
-        try:
-            upstream = requests.post(f"{endpoint}/v1/{path}", data=data, stream=True,
-                                     headers={"Content-Type": "application/json"},
-                                     timeout=(g["connect_timeout"], g["read_timeout"]))
-        except requests.RequestException as e:
-            routes.inflight[endpoint] -= 1
-            last = e
-            continue  # nothing reached the client yet, so another replica may answer
-        return _relay(upstream, endpoint, stream, routes)
-    return error(502, f"No replica answered ({last}).", "server_error", "upstream_unreachable")
-
-
-def _relay(upstream, endpoint, stream, routes):
-    def body():
-        try:
-            if not stream:
-                yield upstream.content
-                return
-            # read1 returns what has arrived instead of waiting for a full buffer, chunked or not.
-            while chunk := upstream.raw.read1(65536, decode_content=True):
-                yield chunk
-        finally:
-            upstream.close()
-            routes.inflight[endpoint] -= 1
-
-    headers = {"Content-Type": upstream.headers.get("Content-Type", "application/json"),
-               "X-Accel-Buffering": "no", "Cache-Control": "no-cache"}
-    return Response(stream_with_context(body()), status=upstream.status_code, headers=headers)
+    try:
+        reservation = quota.reserve(key, model, body, current_app.config["LLMGW"])
+    except quota.LimitExceeded as e:
+        return error(429, str(e), "insufficient_quota" if e.code == "insufficient_quota"
+                     else "requests", e.code, headers={"Retry-After": str(e.retry_after)})
+    return relay_mod.forward(endpoints, path, body, reservation, routes)

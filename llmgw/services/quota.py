@@ -1,0 +1,142 @@
+"""Admission against rpm, tpm and budgets at every scope, reserved atomically and settled after.
+
+One short transaction per request on each side. SQLite takes its write lock at BEGIN
+IMMEDIATE, so every gunicorn worker (and process) sees the others' reservations; on
+PostgreSQL the counter rows are locked with SELECT … FOR UPDATE.
+"""
+import time
+from dataclasses import dataclass, field
+
+import peewee
+
+from ..errors import LlmgwError
+from ..models import Counter, LimitRule, Org, Price, Project, Team, Usage, database, utcnow
+from ..plans import quota
+
+
+class LimitExceeded(LlmgwError):
+    """A request would pass a limit; says which, and when to come back."""
+
+    def __init__(self, message, code, retry_after):
+        self.code, self.retry_after = code, retry_after
+        super().__init__(message)
+
+
+@dataclass
+class Reservation:
+    key_id: int
+    project_id: int
+    model: str
+    price: tuple
+    tokens: int
+    cost: float
+    counters: list = field(default_factory=list)  # (counter id, kind)
+    started: float = field(default_factory=time.monotonic)
+
+
+def price_of(model, conf):
+    row = Price.get_or_none(Price.model == model)
+    if row:
+        return row.prompt_per_1k, row.completion_per_1k
+    p = conf["prices"]
+    return p["default_prompt_per_1k"], p["default_completion_per_1k"]
+
+
+def scopes_of(key):
+    """Return [(scope kind, id, name)] from the key up to its org."""
+    project = Project.select(Project, Team, Org).join(Team).join(Org).where(
+        Project.id == key.project_id).get()
+    return [("key", key.id, key.prefix + "…"), ("project", project.id, project.name),
+            ("team", project.team.id, project.team.name), ("org", project.team.org.id, project.team.org.name)]
+
+
+def _transaction():
+    if isinstance(database.obj, peewee.SqliteDatabase):
+        return database.atomic("IMMEDIATE")
+    return database.atomic()
+
+
+def _counter(kind, scope_kind, scope_id, slot):
+    Counter.insert(scope_kind=scope_kind, scope_id=scope_id, kind=kind, slot=slot).on_conflict_ignore().execute()
+    query = Counter.select().where(Counter.scope_kind == scope_kind, Counter.scope_id == scope_id,
+                                   Counter.kind == kind, Counter.slot == slot)
+    if not isinstance(database.obj, peewee.SqliteDatabase):
+        query = query.for_update()
+    return query.get()
+
+
+def reserve(key, model, body, conf, now=None):
+    """Reserve the request's worst case against every scope, or raise LimitExceeded naming one."""
+    now = now or utcnow()
+    price = price_of(model, conf)
+    prompt, completion = quota.worst_case(body, conf["limits"]["default_max_tokens"])
+    money = quota.cost(prompt, completion, price)
+    scopes = scopes_of(key)
+    res = Reservation(key.id, scopes[1][1], model, price, prompt + completion, money)
+    with _transaction():
+        rules = {kind: LimitRule.get_or_none(LimitRule.scope_kind == kind, LimitRule.scope_id == sid)
+                 for kind, sid, _ in scopes}
+        limits = quota.effective(rules, conf["limits"])
+        plan = []
+        for kind, sid, name in scopes:
+            plan += _check(kind, sid, name, limits[kind], res, now)
+        for counter, column, amount, what in plan:
+            Counter.update({column: getattr(Counter, column) + amount}).where(
+                Counter.id == counter.id).execute()
+            res.counters.append((counter.id, what))
+    return res
+
+
+def _check(kind, sid, name, lim, res, now):
+    """Return the increments one scope takes, or raise when it would pass a limit."""
+    plan = []
+    who = f"{kind} {name!r}"
+    if lim.rpm:
+        c = _counter("rpm", kind, sid, quota.minute_slot(now))
+        if c.used + 1 > lim.rpm:
+            raise LimitExceeded(f"Rate limit reached for {who}: {lim.rpm} requests per minute.",
+                                "rate_limit_exceeded", quota.seconds_to_next_minute(now))
+        plan.append((c, "used", 1, "rpm"))
+    if lim.tpm:
+        c = _counter("tpm", kind, sid, quota.minute_slot(now))
+        if c.used + c.reserved + res.tokens > lim.tpm:
+            raise LimitExceeded(f"Token limit reached for {who}: {lim.tpm} tokens per minute "
+                                f"(this request may use up to {res.tokens}).",
+                                "rate_limit_exceeded", quota.seconds_to_next_minute(now))
+        plan.append((c, "reserved", res.tokens, "tpm"))
+    if lim.budget:
+        c = _counter("budget", kind, sid, quota.budget_slot(lim.period, now))
+        if c.used + c.reserved + res.cost > lim.budget + 1e-12:
+            wait = quota.seconds_to_reset(lim.period, now)
+            raise LimitExceeded(f"Budget exhausted for {who}: {c.used + c.reserved:.6f} of "
+                                f"{lim.budget:.6f} spent or held per {lim.period}, and this request "
+                                f"may cost up to {res.cost:.6f}.", "insufficient_quota",
+                                wait or 3600)
+        plan.append((c, "reserved", res.cost, "budget"))
+    return plan
+
+
+def settle(res, prompt_tokens, completion_tokens, status, endpoint=""):
+    """Replace the reservation by what the request really used, and record its usage."""
+    actual = quota.cost(prompt_tokens, completion_tokens, res.price)
+    with _transaction():
+        for counter_id, what in res.counters:
+            if what == "tpm":
+                Counter.update(reserved=Counter.reserved - res.tokens,
+                               used=Counter.used + prompt_tokens + completion_tokens).where(
+                    Counter.id == counter_id).execute()
+            elif what == "budget":
+                Counter.update(reserved=Counter.reserved - res.cost, used=Counter.used + actual).where(
+                    Counter.id == counter_id).execute()
+        Usage.create(key_id=res.key_id, project_id=res.project_id, model=res.model,
+                     prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, cost=actual,
+                     latency_ms=int((time.monotonic() - res.started) * 1000), status=status,
+                     endpoint=endpoint)
+    return actual
+
+
+def allowed(key, model):
+    """Return whether a key may use a model (its allow-list, when it has one)."""
+    return not key.models or model in key.models
+
+

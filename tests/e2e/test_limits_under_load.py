@@ -1,0 +1,105 @@
+"""Budgets and rpm hold exactly under 50 concurrent streams across 4 gunicorn workers."""
+import concurrent.futures
+import datetime
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+import requests
+
+from tests.conftest import TOP, free_port
+from tests.e2e.conftest import cli
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory):
+    root = tmp_path_factory.mktemp("load") / "root"
+    port = free_port()
+    cli(root, "demo", "--no-serve", "--listen", f"127.0.0.1:{port}")
+    text = (root / "server.toml").read_text()
+    base = free_port()
+    text = text.replace("[server]", "[server]\nworkers = 4").replace(
+        "interval = 5", f"interval = 1\nport_range = \"{base}-{base + 20}\"")
+    (root / "server.toml").write_text(text)
+    cli(root, "model", "add", "demo", "--engine", "sim", "--replicas", "1", "--arg=--token-delay",
+        "--arg=0.05")
+    key = cli(root, "keys", "create").stdout.strip()
+    cli(root, "prices", "set", "demo", "--prompt", "0", "--completion", "1")  # 0.001 a token
+    env = {k: v for k, v in os.environ.items() if k != "LLMGW_ROOT"}
+    proc = subprocess.Popen([sys.executable, "-m", "flask", "--app", "llmgw:create_app", "llmgw",
+                             "serve", "--root", str(root)], cwd=TOP, env=env, start_new_session=True,
+                            stdout=open(root / "serve.log", "w"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            r = requests.post(url + "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                              json={"model": "demo", "max_tokens": 1, "messages": []}, timeout=5)
+            if r.status_code == 200:
+                break
+        except requests.RequestException:
+            pass
+        assert time.monotonic() < deadline, (root / "serve.log").read_text()[-2000:]
+        time.sleep(0.3)
+    yield {"root": root, "url": url, "key": key}
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=60)
+    for pidfile in (root / "node" / "run").glob("llmgw-*.pid"):
+        try:
+            os.kill(int(pidfile.read_text()), signal.SIGTERM)
+        except (ProcessLookupError, ValueError):
+            pass
+
+
+def fire(plane, n=50):
+    def one(_):
+        r = requests.post(plane["url"] + "/v1/chat/completions",
+                          headers={"Authorization": f"Bearer {plane['key']}"}, stream=True, timeout=60,
+                          json={"model": "demo", "max_tokens": 10, "stream": True,
+                                "messages": [{"role": "user", "content": "go"}]})
+        body = r.content.decode()
+        return r.status_code, body
+    with concurrent.futures.ThreadPoolExecutor(n) as pool:
+        return list(pool.map(one, range(n)))
+
+
+def counters(root, kind):
+    with sqlite3.connect(root / "llmgw.db") as db:
+        return db.execute("SELECT SUM(used), SUM(reserved) FROM counter WHERE kind = ? "
+                          "AND scope_kind = 'project'", (kind,)).fetchone()
+
+
+def test_a_budget_for_ten_streams_admits_exactly_ten_of_fifty(plane):
+    spent_before = counters(plane["root"], "budget")[0] or 0
+    # Each stream may cost 10 tokens x 0.001; the budget holds exactly ten more of them.
+    cli(plane["root"], "limits", "set", "--project", "default", "--budget",
+        f"{spent_before + 0.1:.6f}", "--period", "never")
+    results = fire(plane)
+    ok = [b for s, b in results if s == 200]
+    refused = [b for s, b in results if s == 429]
+    assert len(ok) == 10 and len(refused) == 40, [s for s, _ in results]
+    assert all(b.rstrip().endswith("data: [DONE]") for b in ok)
+    assert all("insufficient_quota" in b for b in refused)
+    used, reserved = counters(plane["root"], "budget")
+    assert reserved == pytest.approx(0, abs=1e-9)
+    assert used - spent_before == pytest.approx(0.1)
+    cli(plane["root"], "limits", "set", "--project", "default", "--budget", "0")
+
+
+def test_an_rpm_of_ten_admits_exactly_ten_of_fifty_in_a_minute(plane):
+    cli(plane["root"], "limits", "set", "--project", "default", "--rpm", "10")
+    while datetime.datetime.now().second > 45:  # all fifty must land in one minute
+        time.sleep(1)
+    results = fire(plane)
+    codes = [s for s, _ in results]
+    assert codes.count(200) == 10 and codes.count(429) == 40, codes
+    refused = next(b for s, b in results if s == 429)
+    assert re.search(r"Rate limit reached for project 'default': 10 requests per minute", refused)
+    cli(plane["root"], "limits", "set", "--project", "default", "--rpm", "0")

@@ -1,0 +1,120 @@
+"""Limits and money: admission reserves the worst case, settles to what was used, 429s name why."""
+import asyncio
+import datetime
+import json
+
+import pytest
+
+from llmgw.models import Counter, LimitRule, Model, Price, Project, Usage
+from llmgw.plans import quota
+from llmgw.reconciler import Reconciler
+from llmgw.services import nodes, tenancy
+from tests.conftest import free_port
+
+NOW = datetime.datetime(2026, 11, 29, 19, 30, 15)
+DEFAULTS = {"default_rpm": 0, "default_tpm": 0, "default_budget": 5.0, "default_period": "day",
+            "default_max_tokens": 512}
+
+
+class Rule:
+    def __init__(self, **kw):
+        self.rpm, self.tpm, self.budget, self.period = (kw.get(k) for k in ("rpm", "tpm", "budget", "period"))
+
+
+def test_a_default_applies_at_the_project_only_where_no_scope_sets_that_limit():
+    got = quota.effective({"key": None, "project": None, "team": Rule(rpm=30), "org": None}, DEFAULTS)
+    assert got["project"].budget == 5.0 and got["project"].period == "day"
+    assert got["project"].rpm == 0 and got["team"].rpm == 30
+    got = quota.effective({"key": Rule(budget=1.0, period="week"), "project": None}, DEFAULTS)
+    assert got["project"].budget == 0.0 and got["key"].budget == 1.0
+
+
+def test_budget_slots_and_resets_follow_the_period():
+    assert quota.budget_slot("day", NOW) == "2026-11-29"
+    assert quota.budget_slot("week", NOW) == "2026-W48"
+    assert quota.budget_slot("month", NOW) == "2026-11"
+    assert quota.seconds_to_reset("month", NOW) == int((datetime.datetime(2026, 12, 1) - NOW).total_seconds())
+    assert quota.seconds_to_next_minute(NOW) == 45
+
+
+def test_the_worst_case_is_the_prompt_estimate_plus_max_tokens():
+    prompt, completion = quota.worst_case({"messages": [{"role": "user", "content": "x" * 30}],
+                                           "max_tokens": 7}, 512)
+    assert completion == 7 and prompt >= 10
+    assert quota.worst_case({"prompt": "hi"}, 512)[1] == 512
+    assert quota.worst_case({"input": "embed me"}, 512)[1] == 0
+
+
+@pytest.fixture
+def served(app, tmp_path):
+    conf = app.config["LLMGW"]
+    conf["engines"]["llamacpp"] = ""
+    base = free_port()
+    conf["reconciler"]["port_range"] = f"{base}-{base + 50}"
+    node = asyncio.run(nodes.add_local_node("local", str(tmp_path / "node")))
+    Model.create(name="demo", engine="sim", source="", sha256="", replicas=1, args=["--token-delay", "0"])
+
+    async def until_ready():
+        rec = Reconciler(conf)
+        for _ in range(100):
+            await rec.pass_once()
+            await rec.drain()
+            if node.replicas.where().count() and all(r.state == "ready" for r in node.replicas):
+                break
+            await asyncio.sleep(0.2)
+        await rec.close()
+    asyncio.run(until_ready())
+    _, key = tenancy.create_key("default")
+    yield {"key": key, "headers": {"Authorization": f"Bearer {key}"}}
+    from llmgw.executors.transport import LocalTransport
+    from llmgw.plans import launch
+    t = LocalTransport()
+    asyncio.run(t.run(launch.stop_argv("setsid", "llmgw-demo-0", node.base_dir)))
+
+
+def chat(client, headers, **kw):
+    body = {"model": "demo", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}], **kw}
+    return client.post("/v1/chat/completions", headers=headers, json=body, buffered=True)
+
+
+def test_usage_is_read_from_a_stream_and_stripped_when_not_asked_for(served, client):
+    plain = chat(client, served["headers"], stream=True).get_data(as_text=True)
+    assert '"usage"' not in plain and plain.rstrip().endswith("data: [DONE]")
+    asked = chat(client, served["headers"], stream=True,
+                 stream_options={"include_usage": True}).get_data(as_text=True)
+    events = [json.loads(e[6:]) for e in asked.split("\n\n") if e.startswith("data: {")]
+    assert events[-1]["usage"]["completion_tokens"] == 5 and events[-1]["choices"] == []
+    rows = list(Usage.select().order_by(Usage.id))
+    assert [(u.completion_tokens, u.status) for u in rows] == [(5, 200), (5, 200)]
+
+
+def test_a_budget_refuses_with_429_naming_the_scope(served, client):
+    Price.create(model="demo", prompt_per_1k=0, completion_per_1k=1000)  # 1 per token
+    project = Project.get(Project.name == "default")
+    LimitRule.create(scope_kind="project", scope_id=project.id, budget=12, period="day")
+    assert chat(client, served["headers"]).status_code == 200   # holds 5, then costs 5
+    assert chat(client, served["headers"]).status_code == 200   # 10 spent
+    refused = chat(client, served["headers"])
+    assert refused.status_code == 429
+    err = refused.get_json()["error"]
+    assert err["code"] == "insufficient_quota" and "project 'default'" in err["message"]
+    assert int(refused.headers["Retry-After"]) > 0
+    spent = Counter.get(Counter.kind == "budget")
+    assert (spent.used, spent.reserved) == (10, 0)
+
+
+def test_rpm_counts_requests_in_the_minute(served, client):
+    project = Project.get(Project.name == "default")
+    LimitRule.create(scope_kind="project", scope_id=project.id, rpm=2)
+    codes = [chat(client, served["headers"]).status_code for _ in range(3)]
+    if codes != [200, 200, 429]:  # the minute turned between two requests
+        codes = [chat(client, served["headers"]).status_code for _ in range(3)]
+    assert codes[-1] == 429
+
+
+def test_a_key_s_model_allow_list_is_enforced(served, client):
+    _, key = tenancy.create_key("default", models=["other"])
+    resp = chat(client, {"Authorization": f"Bearer {key}"})
+    assert resp.status_code == 403 and resp.get_json()["error"]["code"] == "model_not_allowed"
+    listed = client.get("/v1/models", headers={"Authorization": f"Bearer {key}"}).get_json()
+    assert listed["data"] == []
