@@ -25,6 +25,8 @@ def create_app(test_config=None):
     _apply(app, conf)
     app.config["SESSION_COOKIE_HTTPONLY"] = True
     app.config["SESSION_COOKIE_SAMESITE"] = "Lax"
+    # A request body past this is refused with 413 before it is read.
+    app.config["MAX_CONTENT_LENGTH"] = 16 * 1024 * 1024
     if test_config:
         app.config.update(test_config)
     db.init_app(app)

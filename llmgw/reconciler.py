@@ -96,7 +96,7 @@ class Reconciler:
         Installs and replica starts run as background tasks, one of each per node, so an apt
         lock waited out on one node or a model file copied to another holds up nobody else.
         """
-        await asyncio.gather(*(self._look(n) for n in Node.select()))
+        await asyncio.gather(*(self._look_bounded(n) for n in Node.select()))
         self.place(list(Node.select()))
         for node in Node.select():
             if node.id in self.running:
@@ -104,6 +104,15 @@ class Reconciler:
                 self._spawn(("replicas", node.id), self._replicas(node.id))
             else:
                 self._spawn(("http-health", node.id), check_over_http(list(node.replicas)))
+
+    async def _look_bounded(self, node):
+        """Look at one node within a bound: a node busy with long copies waits for the next pass."""
+        try:
+            await asyncio.wait_for(self._look(node), self.conf["ssh"]["connect_timeout"] + 50)
+        except asyncio.TimeoutError:
+            log.warning("%s: looking at it took too long this pass", node.name)
+        except Exception:  # one node's surprise is logged, never the whole pass's end
+            log.exception("looking at %s failed", node.name)
 
     async def _look(self, node):
         """Discover when due and list running engines; a failure marks the node unreachable."""
@@ -168,10 +177,21 @@ class Reconciler:
                 row.delete_instance()  # its unit is an orphan now, stopped on the next pass
 
     async def _replicas(self, node_id):
+        """Look at the node's engines now, then give each replica a task of its own.
+
+        One replica whose model takes an hour to copy must not hold up the health of the rest.
+        """
         node = Node.get_or_none(Node.id == node_id)
         if node is None or node_id not in self.running:
             return
-        await NodeReplicas(node, self.transport(node), self.conf).converge(self.running[node_id])
+        work = NodeReplicas(node, self.transport(node), self.conf)
+        try:
+            running, rows = await work.look()
+        except LlmgwError as e:
+            log.warning("%s: %s", node.name, e)
+            return
+        for row in rows:
+            self._spawn(("replica", row.id), work.one(row, row.name in running))
 
     async def answer_log_requests(self):
         """Answer pending log-pane requests (the web never runs SSH itself)."""

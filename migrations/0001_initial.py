@@ -20,7 +20,7 @@ TABLES = [
     """CREATE TABLE engine_install (id {pk},
         node_id INTEGER NOT NULL REFERENCES node(id) ON DELETE CASCADE,
         engine TEXT NOT NULL, version TEXT NOT NULL, variant TEXT NOT NULL, state TEXT NOT NULL,
-        detail TEXT NOT NULL, binary TEXT NOT NULL, updated {ts} NOT NULL,
+        detail TEXT NOT NULL, "binary" TEXT NOT NULL, updated {ts} NOT NULL,
         next_check {ts} NOT NULL, failures INTEGER NOT NULL)""",
     """CREATE UNIQUE INDEX engine_install_node_engine ON engine_install (node_id, engine)""",
     """CREATE TABLE model (id {pk}, name TEXT NOT NULL UNIQUE, engine TEXT NOT NULL,

@@ -1,5 +1,6 @@
 """SSH to nodes with asyncssh: pinned host keys, one reused connection, a cap on channels."""
 import asyncio
+import posixpath
 import secrets
 import shlex
 
@@ -11,6 +12,8 @@ from .transport import Result, Transport
 # Stock sshd allows 10 sessions per connection; the 11th channel fails to open.
 DEFAULT_MAX_SESSIONS = 8
 SUDO_NEEDS_PASSWORD = "a password is required"
+# Hashing or moving a model file of tens of GB takes minutes, not ssh.command_timeout.
+LONG_FILE_SECONDS = 3600
 
 
 def fingerprint(public_key_text):
@@ -60,10 +63,14 @@ class SSHTransport(Transport):
         # Commands that say nothing about time still end: a hung one must not hold a task forever.
         self.command_timeout = command_timeout
         self._conn = None
+        self._retired = False
         self._connecting = asyncio.Lock()
         self._sessions = asyncio.Semaphore(max_sessions)
 
     async def _connection(self):
+        if self._retired:
+            raise NodeError(self.name, "its connection was closed (the node's address, user or "
+                            "host key changed, or it stopped answering); the next pass retries")
         async with self._connecting:
             if self._conn is not None and not self._conn.is_closed():
                 return self._conn
@@ -116,7 +123,8 @@ class SSHTransport(Transport):
                                       check=False, timeout=timeout or self.command_timeout,
                                       encoding=None)
         except asyncssh.TimeoutError as e:
-            raise NodeError(self.name, f"{command} did not finish in {timeout} s", argv=argv) from e
+            raise NodeError(self.name, f"{command} did not finish in {timeout or self.command_timeout} s",
+                            argv=argv) from e
         except (OSError, asyncssh.Error) as e:
             await self._drop()
             raise NodeError(self.name, f"lost the connection running {command}: "
@@ -131,18 +139,29 @@ class SSHTransport(Transport):
 
     async def put(self, local_path, remote_path):
         conn = await self._connection()
-        # SFTP writes as the SSH user; with sudo the file goes through /tmp and is moved by root.
-        target = f"/tmp/.llmgw-upload-{secrets.token_hex(8)}" if self.sudo else remote_path
-        try:
-            async with self._sessions:
-                async with conn.start_sftp_client() as sftp:
-                    await sftp.put(str(local_path), target)
-        except (OSError, asyncssh.Error) as e:
-            raise NodeError(self.name, f"copying {local_path} to {remote_path} over SFTP failed: "
-                            f"{e}. Check that the SFTP subsystem of sshd on {self.addr} is enabled.") from e
+        # SFTP writes as the SSH user; with sudo the file is staged in a directory the user may
+        # write beside the target (same filesystem, so the move is a rename) and moved by root.
+        target = remote_path
         if self.sudo:
-            await self.check(["sh", "-c", 'mv -f "$0" "$1" && chown 0:0 "$1"', target, remote_path],
-                             what=f"moving the upload into {remote_path}")
+            stage = posixpath.join(posixpath.dirname(remote_path), ".llmgw-upload")
+            await self.check(["sh", "-c", 'mkdir -p "$0" && chown "$1" "$0" && chmod 700 "$0"',
+                              stage, self.user], what="preparing the upload directory")
+            target = posixpath.join(stage, secrets.token_hex(8))
+        try:
+            try:
+                async with self._sessions:
+                    async with conn.start_sftp_client() as sftp:
+                        await sftp.put(str(local_path), target)
+            except (OSError, asyncssh.Error) as e:
+                raise NodeError(self.name, f"copying {local_path} to {remote_path} over SFTP failed: "
+                                f"{e}. Check that the SFTP subsystem of sshd on {self.addr} is "
+                                f"enabled.") from e
+            if self.sudo:
+                await self.check(["sh", "-c", 'mv -f "$0" "$1" && chown 0:0 "$1"', target, remote_path],
+                                 timeout=LONG_FILE_SECONDS, what=f"moving the upload into {remote_path}")
+        finally:
+            if self.sudo:
+                await self.run(["rm", "-f", target])  # nothing left behind when a copy fails
 
     async def _drop(self):
         if self._conn is not None:
@@ -150,6 +169,7 @@ class SSHTransport(Transport):
             self._conn = None
 
     async def close(self):
+        self._retired = True
         await self._drop()
 
 

@@ -16,7 +16,9 @@ def parse_listing(text):
             continue
         kind = KINDS.get(fields[0][0], "other")
         rest, link = fields[5], ""
-        if kind == "symlink" and " -> " in rest:
+        if kind == "symlink" and rest.count(" -> ") != 1:
+            kind = "other"  # a name or target containing ' -> ' cannot be read safely: refused
+        elif kind == "symlink":
             rest, link = rest.split(" -> ", 1)
         elif kind == "hardlink" and " link to " in rest:
             rest, link = rest.split(" link to ", 1)

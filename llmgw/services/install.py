@@ -10,6 +10,7 @@ from ..errors import InstallError, LlmgwError
 from ..facts.host import packaging_family
 from ..facts.ldd import missing_libraries
 from ..models import EngineInstall, utcnow
+from ..executors.ssh import LONG_FILE_SECONDS
 from ..facts import tarlist
 from ..plans import archive, packages
 from ..plans.engines import Unsupported, choose, slow_cpu_warning
@@ -128,7 +129,7 @@ class Installer:
             await self._download_on_node(row, build, asset, remote)
         else:
             members = await self._copy_from_cache(row, build, asset, remote)
-        got = (await self.t.check(["sha256sum", remote])).stdout.split()[:1]
+        got = (await self.t.check(["sha256sum", remote], timeout=LONG_FILE_SECONDS)).stdout.split()[:1]
         if got != [want]:
             where = "downloaded on the node" if self.on_node else "arrived on the node damaged"
             raise InstallError(f"{asset} {where} does not match the sha256 checksum its publisher "

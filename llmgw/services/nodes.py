@@ -89,7 +89,7 @@ async def rediscover(node, transport):
     for sentence in changes.describe(node.facts or {}, facts):
         log_event(node, sentence)
     node.facts, node.discovered = facts, utcnow()
-    node.save()
+    node.save(only=[Node.facts, Node.discovered])  # never undo an add-node made meanwhile
     return node
 
 
@@ -146,8 +146,8 @@ async def add_node(conf, spec, *, bootstrap_key=None, password=None, repin=False
     existing = Node.get_or_none(Node.name == spec.name)
     key, fp, first_host, first_port = await _pin_first_answering(spec, existing, repin, host_key_fp)
     if bootstrap_key or password:
-        await install_control_key(spec, key, ssh.public_key_line(conf["ssh"]["key"]),
-                                  bootstrap_key, password)
+        public = control_key(conf).export_public_key().decode().strip()
+        await install_control_key(spec, key, public, bootstrap_key, password)
     node = existing or Node(name=spec.name)
     node.transport, node.addr, node.port = "ssh", first_host, first_port
     node.addrs = [list(a) for a in spec.addrs]

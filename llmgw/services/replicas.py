@@ -5,7 +5,7 @@ import time
 
 import requests
 
-from ..errors import LlmgwError
+from ..errors import LlmgwError, NodeError
 from ..facts import ports
 from ..models import EngineInstall, Replica, utcnow
 from ..plans import launch
@@ -76,18 +76,28 @@ class NodeReplicas:
         self.node, self.t, self.conf = node, transport, conf
         self.supervisor = launch.supervisor_for(node.facts or {})
 
-    async def converge(self, running):
-        """Start what is missing, watch what starts, stop orphans; running: names seen running."""
-        rows = list(Replica.select().where(Replica.node == self.node))
-        wanted = {r.name for r in rows}
-        for orphan in sorted(running - wanted):
-            await self.t.run(launch.stop_argv(self.supervisor, f"llmgw-{orphan}", self.node.base_dir))
-        await asyncio.gather(*(self._one(r, r.name in running) for r in rows))
+    async def look(self):
+        """List what runs now (never a listing older than this moment), stopping orphans.
 
-    async def _one(self, replica, is_running):
+        Returns (running names, replica rows of this node).
+        """
+        running = await running_units(self.t, self.supervisor, self.node.base_dir)
+        rows = list(Replica.select().where(Replica.node == self.node))
+        for orphan in sorted(running - {r.name for r in rows}):
+            await self.t.run(launch.stop_argv(self.supervisor, f"llmgw-{orphan}", self.node.base_dir))
+        return running, rows
+
+    async def one(self, replica, is_running):
+        """Take one replica one step further; its trouble is its own row, never the pass's."""
         try:
             await self._step(replica, is_running)
-        except Exception as e:  # one replica's trouble is its own row, never the pass's
+        except NodeError as e:
+            if replica.state in ("ready", "unhealthy"):
+                # SSH trouble says nothing about the engine, which HTTP still checks.
+                log.warning("replica %s: %s", replica.name, e)
+                return
+            _set(replica, "failed", str(e), failures=replica.failures + 1)
+        except Exception as e:
             if not isinstance(e, (LlmgwError, OSError)):
                 log.exception("replica %s", replica.name)
             _set(replica, "failed", str(e) or type(e).__name__, failures=replica.failures + 1)
@@ -136,6 +146,8 @@ class NodeReplicas:
         _set(replica, "fetching", f"copying {model.name}'s file to {self.node.name}")
         path = await weights.ensure_on_node(self.t, self.node.base_dir, model,
                                             self.conf["engines"]["cache"])
+        if not Replica.select().where(Replica.id == replica.id).exists():
+            return  # removed (remove-node, fewer replicas) while its file was being copied
         await self.t.run(launch.stop_argv(self.supervisor, replica.unit, self.node.base_dir))
         await self._take_free_port(replica)
         # The control plane reaches a local node on loopback; nothing else should.

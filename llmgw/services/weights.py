@@ -9,6 +9,7 @@ import requests
 
 from ..errors import InstallError, LlmgwError
 from ..executors.release import sha256_file
+from ..executors.ssh import LONG_FILE_SECONDS
 from ..plans.placement import slug
 
 
@@ -66,15 +67,16 @@ async def ensure_on_node(transport, base_dir, model, cache_dir):
         model.sha256 = await asyncio.to_thread(sha256_file, local)
         model.save(only=[type(model).sha256])
     path = remote_path(base_dir, model)
-    have = await transport.run(["sha256sum", path])
+    have = await transport.run(["sha256sum", path], timeout=LONG_FILE_SECONDS)
     if have.ok and have.stdout.split()[:1] == [model.sha256]:
         return path
     local = await asyncio.to_thread(local_copy, model.source, cache_dir, model.sha256)
     await transport.check(["mkdir", "-p", posixpath.dirname(path)])
     await transport.put(str(local), path + ".partial")
-    got = (await transport.check(["sha256sum", path + ".partial"])).stdout.split()[:1]
+    hashed = await transport.check(["sha256sum", path + ".partial"], timeout=LONG_FILE_SECONDS)
+    got = hashed.stdout.split()[:1]
     if got != [model.sha256]:
         raise InstallError(f"{model.name}'s file arrived on the node damaged (sha256 "
                            f"{(got or ['?'])[0][:12]}…, expected {model.sha256[:12]}…)")
-    await transport.check(["mv", path + ".partial", path])
+    await transport.check(["mv", path + ".partial", path], timeout=LONG_FILE_SECONDS)
     return path

@@ -12,6 +12,7 @@ from flask import Blueprint, current_app, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from ..models import Model, Node, Replica
+from ..plans import request_check
 from ..services import quota, tenancy
 from . import relay as relay_mod
 from .openai_errors import error
@@ -133,6 +134,9 @@ def relay(path):
     if not isinstance(model, str) or not model:
         return error(400, "'model' is required and must be a string.", "invalid_request_error",
                      param="model")
+    wrong = request_check.problems(path, body)
+    if wrong:
+        return error(400, wrong[0], "invalid_request_error", param=wrong[1])
     if model not in routes.models:
         names = ", ".join(sorted(routes.models)) or "none"
         return error(404, f"The model '{model}' does not exist (models: {names}).",
