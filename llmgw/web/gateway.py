@@ -21,6 +21,7 @@ bp = Blueprint("gateway", __name__, url_prefix="/v1")
 ENGINE_PATHS = {"chat/completions", "completions", "embeddings"}
 KEY_CACHE_SECONDS = 5
 KEY_CACHE_MAX = 10000
+FRESH_BEFORE_503_SECONDS = 0.25
 
 
 class Routes:
@@ -147,6 +148,10 @@ def relay(path):
                           f"{', '.join(key.models)}).", "invalid_request_error", "model_not_allowed",
                      "model")
     endpoints = routes.pick(model)
+    if not endpoints:
+        # Before a 503, a fresher look: another worker may already route to a new replica.
+        routes.refresh(FRESH_BEFORE_503_SECONDS)
+        endpoints = routes.pick(model)
     if not endpoints:
         why = "; ".join(routes.models[model]["why"]) or "no replica has been placed yet"
         return error(503, f"No ready replica of '{model}': {why}.", "server_error",

@@ -56,9 +56,12 @@ def cluster(tmp_path_factory):
         model = write_tiny_gguf(work / "tiny.gguf")
         cli(root, "model", "add", "tiny", "--file", str(model), "--replicas", "2",
             "--arg=-t", "--arg=1", "--arg=-tb", "--arg=1", "--arg=-c", "--arg=512")
+        cli(root, "model", "add", "tiny-embed", "--file", str(model), "--replicas", "1",
+            "--arg=-t", "--arg=1", "--arg=-c", "--arg=512", "--arg=--embeddings",
+            "--arg=--pooling", "--arg=mean")
         env["key"] = cli(root, "keys", "create", "--project", "default").stdout.strip()
         plane.start()
-        wait_for("two ready replicas", lambda: ready_replicas(root) == 2, timeout=300)
+        wait_for("three ready replicas", lambda: ready_replicas(root) == 3, timeout=300)
         env["client"] = openai.OpenAI(base_url=plane.url + "/v1", api_key=env["key"],
                                       max_retries=0, timeout=30)
         yield env
@@ -70,11 +73,13 @@ def cluster(tmp_path_factory):
 
 
 def ready_replicas(root):
+    """Count ready replicas of every model."""
     return sum(1 for n in nodes_json(root).values() for r in n["replicas"] if r["state"] == "ready")
 
 
 def replica_on(root, node):
-    reps = nodes_json(root)[node]["replicas"]
+    reps = [r for r in nodes_json(root)[node]["replicas"] if r["name"].startswith("tiny-") and
+            not r["name"].startswith("tiny-embed")]
     assert len(reps) == 1, reps
     return reps[0]["name"]
 
@@ -124,7 +129,31 @@ def test_the_official_client_gets_a_chat_completion_and_a_stream(cluster):
     chunks = [c for c in stream]
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert len(chunks) >= 8 and text
-    assert [m.id for m in client.models.list()] == ["tiny"]
+    assert [m.id for m in client.models.list()] == ["tiny", "tiny-embed"]
+
+
+def test_completions_and_embeddings_through_the_official_client(cluster):
+    client = cluster["client"]
+    done = client.completions.create(model="tiny", prompt="Once upon", max_tokens=6)
+    assert done.choices[0].text and done.usage.completion_tokens == 6
+    vectors = client.embeddings.create(model="tiny-embed", input=["hello", "world"])
+    assert len(vectors.data) == 2 and len(vectors.data[0].embedding) == 64
+
+
+def test_streamed_usage_is_right_with_and_without_include_usage(cluster):
+    client = cluster["client"]
+    asked = list(client.chat.completions.create(
+        model="tiny", max_tokens=7, stream=True, stream_options={"include_usage": True},
+        messages=[{"role": "user", "content": "hi"}]))
+    assert asked[-1].usage.completion_tokens == 7 and asked[-1].choices == []
+    plain = list(client.chat.completions.create(model="tiny", max_tokens=7, stream=True,
+                                                messages=[{"role": "user", "content": "hi"}]))
+    assert all(c.usage is None for c in plain)
+    import sqlite3
+    with sqlite3.connect(cluster["root"] / "llmgw.db") as db:
+        last_two = db.execute("SELECT completion_tokens, status FROM usage WHERE model = 'tiny' "
+                              "ORDER BY id DESC LIMIT 2").fetchall()
+    assert last_two == [(7, 200), (7, 200)]  # billed alike, whether the client saw usage or not
 
 
 def test_bad_keys_and_unknown_models_get_openai_errors(cluster):
@@ -156,11 +185,11 @@ def test_the_plain_node_uses_the_setsid_fallback_with_a_log_file(cluster):
 def test_a_restarted_control_plane_adopts_every_engine(cluster):
     root = cluster["root"]
     before_units, before_pids = engine_units(cluster), main_pids(cluster, root)
-    assert len(before_units["sysd"]) == 1 and len(before_units["plain"]) == 1
+    assert len(before_units["sysd"]) + len(before_units["plain"]) == 3
     cluster["plane"].stop(signal.SIGKILL)
     cluster["plane"].start()
     time.sleep(5)  # several reconcile passes at a 1 s interval
-    wait_for("two ready replicas", lambda: ready_replicas(root) == 2, timeout=60)
+    wait_for("three ready replicas", lambda: ready_replicas(root) == 3, timeout=60)
     assert engine_units(cluster) == before_units
     assert main_pids(cluster, root) == before_pids
 

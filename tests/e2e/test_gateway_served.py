@@ -1,4 +1,6 @@
-"""Budgets and rpm hold exactly under 50 concurrent streams across 4 gunicorn workers."""
+"""The gateway as served by gunicorn (4 gevent workers) in front of the simulated engine:
+budgets and rpm exact under 50 concurrent streams, streams relayed as they come, and a
+client that goes away stops the engine and is billed for what was generated."""
 import concurrent.futures
 import datetime
 import os
@@ -84,7 +86,7 @@ def test_a_budget_for_ten_streams_admits_exactly_ten_of_fifty(plane):
     results = fire(plane)
     ok = [b for s, b in results if s == 200]
     refused = [b for s, b in results if s == 429]
-    assert len(ok) == 10 and len(refused) == 40, [s for s, _ in results]
+    assert len(ok) == 10 and len(refused) == 40, [(s, b[:300]) for s, b in results if s not in (200, 429)][:2]
     assert all(b.rstrip().endswith("data: [DONE]") for b in ok)
     assert all("insufficient_quota" in b for b in refused)
     used, reserved = counters(plane["root"], "budget")
@@ -103,3 +105,45 @@ def test_an_rpm_of_ten_admits_exactly_ten_of_fifty_in_a_minute(plane):
     refused = next(b for s, b in results if s == 429)
     assert re.search(r"Rate limit reached for project 'default': 10 requests per minute", refused)
     cli(plane["root"], "limits", "set", "--project", "default", "--rpm", "0")
+
+
+def stream(plane, max_tokens):
+    return requests.post(plane["url"] + "/v1/chat/completions", stream=True, timeout=60,
+                         headers={"Authorization": f"Bearer {plane['key']}"},
+                         json={"model": "demo", "max_tokens": max_tokens, "stream": True,
+                               "messages": [{"role": "user", "content": "go"}]})
+
+
+def test_the_first_chunk_arrives_long_before_the_last(plane):
+    started = time.monotonic()
+    r = stream(plane, 20)  # 20 tokens 50 ms apart: a second of generation
+    arrivals = []
+    for line in r.iter_lines():
+        if line.startswith(b"data: {"):
+            arrivals.append(time.monotonic() - started)
+    assert len(arrivals) >= 20
+    assert arrivals[-1] > 0.9
+    assert arrivals[1] < arrivals[-1] / 3, arrivals  # the first token was not held back
+
+
+def test_a_client_that_leaves_stops_the_engine_and_pays_for_what_it_got(plane):
+    r = stream(plane, 200)  # ten seconds' worth
+    seen = 0
+    for line in r.iter_lines():
+        if b'"content"' in line:
+            seen += 1
+        if seen == 4:
+            break
+    r.close()
+    log = plane["root"] / "node" / "logs" / "llmgw-demo-0.log"
+    deadline = time.monotonic() + 15
+    row = None
+    while time.monotonic() < deadline:
+        with sqlite3.connect(plane["root"] / "llmgw.db") as db:
+            row = db.execute("SELECT completion_tokens, status FROM usage ORDER BY id DESC LIMIT 1").fetchone()
+        if row and row[1] == 499 and "client went away" in log.read_text():
+            break
+        time.sleep(0.3)
+    assert row[1] == 499, row
+    assert 3 <= row[0] < 100, row  # what was generated before it left, not the 200 asked for
+    assert "client went away after part of a stream" in log.read_text()
