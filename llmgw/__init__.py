@@ -50,3 +50,5 @@ def _apply(app, conf):
     # Without a configured secret (before init), a random one: sessions then last only as long
     # as this process, but nobody can forge one with a secret known from the source.
     app.config["SECRET_KEY"] = conf["server"]["secret_key"] or secrets.token_urlsafe(32)
+    app.config["SESSION_COOKIE_SECURE"] = conf["server"]["public_url"].startswith("https://")
+    app.config["REMEMBER_COOKIE_HTTPONLY"] = True

@@ -45,6 +45,9 @@ DEFAULTS = {
         "health_timeout": 180,
         "port_range": "18000-18999",
     },
+    "accounts": {
+        "signup": "closed",
+    },
     "limits": {
         "default_rpm": 0,
         "default_tpm": 0,

@@ -70,3 +70,95 @@ def revoke_key(prefix):
     row.revoked = utcnow()
     row.save()
     return row
+
+
+MIN_PASSWORD = 10
+
+
+def check_password_rule(password):
+    if len(password or "") < MIN_PASSWORD:
+        raise LlmgwError(f"a password needs at least {MIN_PASSWORD} characters.")
+
+
+def find_user(email):
+    user = User.get_or_none(User.email == email)
+    if user is None:
+        raise LlmgwError(f"no account {email!r}; `flask llmgw users list` shows them.")
+    return user
+
+
+def sign_up(email, password):
+    """Create an account waiting for an administrator's approval."""
+    if "@" not in email or email.startswith("@") or email.endswith("@"):
+        raise LlmgwError(f"{email!r} is not an email address.")
+    check_password_rule(password)
+    if User.get_or_none(User.email == email):
+        raise LlmgwError(f"{email} already has an account; log in, or ask an administrator.")
+    return User.create(email=email, password_hash=security.hash_password(password), is_active=False)
+
+
+def create_user(email, admin=False, project=None):
+    """Create an active account with a generated password; return (user, password)."""
+    password = security.generate_password()
+    user = sign_up(email, password)
+    user.is_active, user.is_admin = True, admin
+    user.save()
+    if project:
+        Membership.create(user=user, project=find_project(project))
+    return user, password
+
+
+def approve(email, project_name):
+    """Let a pending account in, as a member of a project."""
+    user, project = find_user(email), find_project(project_name)
+    with database.atomic():
+        user.is_active = True
+        user.save()
+        Membership.get_or_create(user=user, project=project)
+    return user
+
+
+def set_admin(email, admin):
+    user = find_user(email)
+    if not admin and user.is_admin and User.select().where(User.is_admin, User.is_active).count() == 1:
+        raise LlmgwError(f"{email} is the last administrator; promote another one first.")
+    user.is_admin = admin
+    user.save()
+    return user
+
+
+def change_password(user, current, new):
+    if not security.check_password(user.password_hash, current):
+        raise LlmgwError("the current password is not right.")
+    check_password_rule(new)
+    user.password_hash = security.hash_password(new)
+    user.save()
+
+
+def create_org(name):
+    return Org.create(name=_new_name(Org, name, "org"))
+
+
+def create_team(name, org_name):
+    org = Org.get_or_none(Org.name == org_name)
+    if org is None:
+        raise LlmgwError(f"no org named {org_name!r}.")
+    if Team.get_or_none(Team.org == org, Team.name == name):
+        raise LlmgwError(f"org {org_name} already has a team {name!r}.")
+    return Team.create(org=org, name=name)
+
+
+def create_project(name, team_name):
+    team = Team.get_or_none(Team.name == team_name)
+    if team is None:
+        raise LlmgwError(f"no team named {team_name!r}.")
+    return Project.create(name=_new_name(Project, name, "project"), team=team)
+
+
+def _new_name(model, name, what):
+    if not name or len(name) > 64 or not name.replace("-", "").replace("_", "").isalnum():
+        raise LlmgwError(f"{name!r} is not a usable {what} name: letters, digits, '-' and '_', "
+                         f"at most 64.")
+    if model.get_or_none(model.name == name):
+        raise LlmgwError(f"there is already a {what} called {name!r}.")
+    return name
