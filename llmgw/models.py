@@ -182,6 +182,18 @@ class Replica(Base):
         return f"llmgw-{self.name}"
 
 
+class Endpoint(Base):
+    """An OpenAI-compatible server llmgw routes to but does not run; url ends in /v1."""
+
+    name = pw.TextField(unique=True)
+    url = pw.TextField()
+    models = JSONField(default=list)
+    api_key = pw.TextField(default="")  # sealed with secrets_box
+    state = pw.TextField(default="pending")
+    detail = pw.TextField(default="")
+    updated = pw.DateTimeField(default=utcnow)
+
+
 class LogRequest(Base):
     """A log pane's question to the reconciler, and its answer."""
 

@@ -18,7 +18,7 @@ from .errors import LlmgwError
 from .executors.release import ReleaseCache
 from .models import EngineInstall, LogRequest, Model, Node, Replica, database, utcnow
 from .plans import placement
-from .services import logs, nodes
+from .services import endpoints, logs, nodes
 from .services.install import Installer, converge_probed
 from .services.replicas import NodeReplicas, check_over_http, running_units
 from .plans.launch import supervisor_for
@@ -97,6 +97,7 @@ class Reconciler:
         lock waited out on one node or a model file copied to another holds up nobody else.
         """
         await asyncio.gather(*(self._look_bounded(n) for n in Node.select()))
+        self._spawn(("endpoints",), endpoints.check_all(self.conf["_root"]))
         self.place(list(Node.select()))
         for node in Node.select():
             if node.id in self.running:

@@ -67,8 +67,10 @@ def test_migrations_apply_revert_and_apply_again(app):
     assert migrate.upgrade(db) == []
     migrate.downgrade(db, 0)
     assert "node" not in db.get_tables()
-    assert migrate.upgrade(db) == ["0001_initial", "0002_node_onboarding", "0003_limits_and_usage"]
+    every = [f"{v:04d}_{n}" for v, n, _ in migrate.available()]
+    assert every[:2] == ["0001_initial", "0002_node_onboarding"]
+    assert migrate.upgrade(db) == every
     assert "node" in db.get_tables()
     migrate.downgrade(db, 1)
     assert "node_event" not in db.get_tables() and "node" in db.get_tables()
-    assert migrate.upgrade(db) == ["0002_node_onboarding", "0003_limits_and_usage"]
+    assert migrate.upgrade(db) == every[1:]

@@ -4,11 +4,11 @@ import re
 import click
 
 from ..errors import LlmgwError
-from ..models import Model, Node, NodeEvent, Replica
+from ..models import Endpoint, Model, Node, NodeEvent, Replica
 from ..plans.launch import supervisor_for
 from ..plans.placement import slug
 from ..services import logs as logsvc
-from ..services import install, nodes, weights
+from ..services import endpoints, install, nodes, weights
 from ..executors.release import sha256_file
 from . import conf, echo_json, llmgw, root_option, run_async
 
@@ -220,3 +220,35 @@ def logs(node_name, source, lines):
             prefix = f"{line['ts']} " if line["ts"] else ""
             click.echo(f"{replica.unit}: {prefix}{line['text']}")
 
+
+
+@llmgw.group("endpoint")
+def endpoint():
+    """OpenAI-compatible servers llmgw routes to but does not run."""
+
+
+@endpoint.command("add")
+@click.argument("name")
+@click.option("--url", required=True, help="Its OpenAI base URL, e.g. http://10.0.0.5:8000/v1.")
+@click.option("--model", "models", required=True, help="The model name(s) it serves, comma-separated.")
+@click.option("--api-key", "ask_key", is_flag=True, help="Prompt for its API key (stored encrypted).")
+@root_option
+def endpoint_add(name, url, models, ask_key):
+    """Register an external endpoint; the reconciler health-checks it before it is routed to."""
+    key = click.prompt("API key", hide_input=True) if ask_key else ""
+    row = endpoints.add(conf()["_root"], name, url, models, key)
+    click.echo(f"endpoint {row.name}: {row.url} serving {', '.join(row.models)}"
+               + (" (key stored encrypted)" if key else ""))
+
+
+@endpoint.command("list")
+@click.option("--json", "as_json", is_flag=True)
+@root_option
+def endpoint_list(as_json):
+    """List external endpoints and their health."""
+    rows = [{"name": e.name, "url": e.url, "models": e.models, "state": e.state, "detail": e.detail}
+            for e in Endpoint.select().order_by(Endpoint.name)]
+    if as_json:
+        return echo_json(rows)
+    for r in rows:
+        click.echo(f"{r['name']:<16} {r['state']:<12} {r['url']}  {', '.join(r['models'])}  {r['detail']}")

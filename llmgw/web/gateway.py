@@ -4,57 +4,22 @@ The request path touches the database at most through two small in-memory
 caches (keys and routes) refreshed every few seconds, and never SSH: engines
 are reached over HTTP at the endpoints the reconciler recorded.
 """
-import itertools
-import threading
 import time
 
 from flask import Blueprint, current_app, jsonify, request
 from werkzeug.exceptions import HTTPException
 
-from ..models import Model, Node, Replica
 from ..plans import request_check
 from ..services import quota, tenancy
 from . import relay as relay_mod
 from .openai_errors import error
+from .routes import Routes
 
 bp = Blueprint("gateway", __name__, url_prefix="/v1")
 ENGINE_PATHS = {"chat/completions", "completions", "embeddings"}
 KEY_CACHE_SECONDS = 5
 KEY_CACHE_MAX = 10000
 FRESH_BEFORE_503_SECONDS = 0.25
-
-
-class Routes:
-    """The ready replicas per model, re-read from the database every few seconds."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.loaded = 0.0
-        self.models = {}
-        self.inflight = {}
-        self.turn = itertools.count()
-
-    def refresh(self, max_age):
-        if time.monotonic() - self.loaded < max_age:
-            return
-        with self.lock:
-            models = {m.name: {"ready": [], "why": []} for m in Model.select()}
-            query = (Replica.select(Replica, Model, Node).join(Model).switch(Replica).join(Node))
-            for r in query:
-                entry = models.setdefault(r.model.name, {"ready": [], "why": []})
-                if r.state == "ready" and r.endpoint:
-                    entry["ready"].append(r.endpoint)
-                else:
-                    entry["why"].append(f"{r.name} on {r.node.name}: {r.state}"
-                                        + (f" ({r.detail})" if r.detail else ""))
-            self.models, self.loaded = models, time.monotonic()
-
-    def pick(self, model):
-        """Return ready endpoints, least outstanding first (ties rotate)."""
-        endpoints = list(self.models[model]["ready"])
-        turn = next(self.turn)
-        return sorted(endpoints, key=lambda e: (self.inflight.get(e, 0),
-                                                (endpoints.index(e) - turn) % max(len(endpoints), 1)))
 
 
 def json_errors(app):

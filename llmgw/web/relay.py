@@ -21,8 +21,10 @@ def forward(endpoints, path, body, reservation, routes):
     for endpoint in endpoints[:3]:
         routes.inflight[endpoint] = routes.inflight.get(endpoint, 0) + 1
         try:
-            upstream = requests.post(f"{endpoint}/v1/{path}", data=data, stream=True,
-                                     headers={"Content-Type": "application/json"},
+            headers = {"Content-Type": "application/json"}
+            if endpoint in routes.auth:
+                headers["Authorization"] = routes.auth[endpoint]
+            upstream = requests.post(f"{endpoint}/{path}", data=data, stream=True, headers=headers,
                                      timeout=(g["connect_timeout"], g["read_timeout"]))
         except requests.RequestException as e:
             routes.inflight[endpoint] -= 1

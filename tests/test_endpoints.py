@@ -1,0 +1,54 @@
+"""An external OpenAI-compatible server is health-checked, then routed to like a replica."""
+import asyncio
+import time
+
+from llmgw import secrets_box
+from llmgw.cli import llmgw
+from llmgw.models import Endpoint
+from llmgw.reconciler import Reconciler
+from llmgw.services import tenancy
+
+
+def one_pass(conf):
+    async def go():
+        rec = Reconciler(conf)
+        await rec.pass_once()
+        await rec.drain()
+        await rec.close()
+    asyncio.run(go())
+
+
+def test_an_external_endpoint_is_routed_to_once_it_answers(app, runner, root, client, sim_engine):
+    conf = app.config["LLMGW"]
+    out = runner.invoke(llmgw, ["endpoint", "add", "ext", "--url", sim_engine + "/v1", "--model", "sim",
+                                "--api-key", "--root", str(root)], input="upstream-secret\n")
+    assert out.exit_code == 0 and "key stored encrypted" in out.output
+    row = Endpoint.get(Endpoint.name == "ext")
+    assert "upstream-secret" not in row.api_key
+    assert secrets_box.unseal(conf["_root"], row.api_key) == "upstream-secret"
+    _, key = tenancy.create_key("default")
+    headers = {"Authorization": f"Bearer {key}"}
+    body = {"model": "sim", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}
+    assert client.post("/v1/chat/completions", headers=headers, json=body).status_code == 503
+    one_pass(conf)
+    assert Endpoint.get(Endpoint.name == "ext").state == "ready"
+    time.sleep(0.3)  # the gateway looks again before a 503 at most every 250 ms
+    resp = client.post("/v1/chat/completions", headers=headers, json=body)
+    assert resp.status_code == 200 and resp.get_json()["choices"][0]["message"]["content"] == "this is a"
+
+
+def test_an_endpoint_that_does_not_answer_is_not_routed_and_says_why(app, runner, root, client):
+    runner.invoke(llmgw, ["endpoint", "add", "gone", "--url", "http://127.0.0.1:9/v1", "--model", "x",
+                          "--root", str(root)])
+    one_pass(app.config["LLMGW"])
+    row = Endpoint.get(Endpoint.name == "gone")
+    assert row.state == "unreachable" and "did not answer" in row.detail
+    _, key = tenancy.create_key("default")
+    resp = client.post("/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                       json={"model": "x", "messages": [{"role": "user", "content": "hi"}]})
+    assert resp.status_code == 503 and "endpoint gone: unreachable" in resp.get_json()["error"]["message"]
+
+
+def test_a_bad_url_is_refused_by_name(runner, root, app):
+    out = runner.invoke(llmgw, ["endpoint", "add", "e", "--url", "ftp://x", "--model", "m", "--root", str(root)])
+    assert out.exit_code != 0 and "--url 'ftp://x' is not an http(s) URL" in out.output
