@@ -118,3 +118,19 @@ def test_a_key_s_model_allow_list_is_enforced(served, client):
     assert resp.status_code == 403 and resp.get_json()["error"]["code"] == "model_not_allowed"
     listed = client.get("/v1/models", headers={"Authorization": f"Bearer {key}"}).get_json()
     assert listed["data"] == []
+
+
+def test_the_quotas_page_says_budgets_cannot_bind_without_prices(client, auth):
+    auth.login(password=auth.password)
+    page = client.get("/quotas").get_data(as_text=True)
+    assert "budgets cannot bind until a price is set" in page
+    Price.create(model="demo", prompt_per_1k=0.1, completion_per_1k=0.2)
+    assert "budgets cannot bind" not in client.get("/quotas").get_data(as_text=True)
+
+
+def test_a_project_s_usage_page_shows_its_requests(served, client, auth):
+    chat(client, served["headers"], max_tokens=4)
+    auth.login(password=auth.password)
+    page = client.get("/usage/default").get_data(as_text=True)
+    assert "<td>demo</td><td>1</td>" in page
+    assert client.get("/usage/nope").status_code == 404

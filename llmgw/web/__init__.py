@@ -51,11 +51,11 @@ def is_htmx():
 
 
 def register(app):
-    from . import accounts, auth, cluster, gateway, health
+    from . import accounts, auth, cluster, gateway, health, quotas
 
     login_manager.init_app(app)
     app.jinja_env.globals["csrf_token"] = csrf_token
     app.before_request(_check_csrf)
-    for module in (accounts, auth, cluster, gateway, health):
+    for module in (accounts, auth, cluster, gateway, health, quotas):
         app.register_blueprint(module.bp)
     gateway.json_errors(app)
