@@ -1,6 +1,4 @@
 """Fixtures in the flaskr style: a fresh control plane root and database per test."""
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path

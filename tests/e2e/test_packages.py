@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from tests.e2e.conftest import CACHE, VERSION, cli, configure, nodes_json
+from tests.e2e.conftest import (CACHE, VERSION, cli, configure, need_test_nodes, nodes_json,
+                                operator_key, tune)
 from tests.harness import nodes as harness
 
 pytestmark = pytest.mark.e2e
@@ -65,16 +66,13 @@ def fake_tools(node, tools):
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
-    reason = harness.require_root_reason()
-    if reason:
-        pytest.skip(reason)
+    need_test_nodes()
     from tests.harness.fake_github import FakeGitHub
     from tests.harness.llama_build import llama_server_tarball
     work = tmp_path_factory.mktemp("pkg")
-    operator = work / "operator_key"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(operator)], check=True)
+    operator, pub = operator_key(work)
     with FakeGitHub() as github, harness.NodeCluster(
-            work / "nodes", [(work / "operator_key.pub").read_text().strip()],
+            work / "nodes", [pub],
             subnet_prefix="10.250.1") as nodes:
         github.add_release(VERSION, {ASSET: llama_server_tarball(CACHE)})
         deb = nodes.add("deb")
@@ -84,9 +82,7 @@ def fleet(tmp_path_factory):
         root = work / "cp"
         cli(root, "init")
         configure(root, github)
-        text = (root / "server.toml").read_text().replace(
-            "interval = 1", "interval = 1\npackage_lock_retry = 1")
-        (root / "server.toml").write_text(text)
+        tune(root, "reconciler", package_lock_retry=1)
         for n in (deb, rocky):
             cli(root, "add-node", n.name, "--addr", n.ip, "--bootstrap-key", str(operator))
         yield {"root": root, "deb": deb, "rocky": rocky, "github": github}
