@@ -1,4 +1,5 @@
 """`flask llmgw add-node | nodes | model add | logs`."""
+import os
 import re
 
 import click
@@ -24,6 +25,8 @@ from . import conf, echo_json, llmgw, root_option, run_async
                    "control plane's key.")
 @click.option("--password", "ask_password", is_flag=True,
               help="Prompt for the user's SSH password instead, used once and never stored.")
+@click.option("--use-agent", is_flag=True,
+              help="Install the key with the keys in your ssh-agent (SSH_AUTH_SOCK) instead.")
 @click.option("--host-key", "host_key_fp", default="",
               help="The node's host key fingerprint (SHA256:…), checked before anything is sent.")
 @click.option("--repin", is_flag=True, help="Accept a changed host key (after a reinstall).")
@@ -33,14 +36,18 @@ from . import conf, echo_json, llmgw, root_option, run_async
 @click.option("--fabric", default="", help="NAME[:hca1,hca2]: the interconnect this node is on.")
 @click.option("--mgmt-iface", default="", help="The node's management network interface.")
 @root_option
-def add_node(name, addr, user, bootstrap_key, ask_password, host_key_fp, repin, base_dir, labels,
-             fabric, mgmt_iface):
+def add_node(name, addr, user, bootstrap_key, ask_password, use_agent, host_key_fp, repin, base_dir,
+             labels, fabric, mgmt_iface):
     """Pin a node's host key, authorise the control plane, discover it and store it."""
     spec = nodes.NodeSpec.parse(name, addr, user, base_dir, labels, fabric, mgmt_iface)
     password = click.prompt(f"SSH password of {user}@{spec.addrs[0][0]}", hide_input=True) \
         if ask_password else None
+    agent = os.environ.get("SSH_AUTH_SOCK") if use_agent else None
+    if use_agent and not agent:
+        raise LlmgwError("--use-agent: SSH_AUTH_SOCK is not set, so there is no agent to ask; "
+                         "start one (eval $(ssh-agent); ssh-add) or use --bootstrap-key.")
     node, fp, created = run_async(nodes.add_node(
-        conf(), spec, bootstrap_key=bootstrap_key, password=password, repin=repin,
+        conf(), spec, bootstrap_key=bootstrap_key, password=password, agent_path=agent, repin=repin,
         host_key_fp=host_key_fp))
     f = node.facts
     click.echo(f"{'added' if created else 'updated'} {name} ({node.addr}:{node.port})")

@@ -53,10 +53,13 @@ class SSHTransport(Transport):
     """
 
     def __init__(self, name, addrs, user, client_key, host_key, connect_timeout=10,
-                 max_sessions=DEFAULT_MAX_SESSIONS, sudo=False, password=None, command_timeout=None):
+                 max_sessions=DEFAULT_MAX_SESSIONS, sudo=False, password=None, command_timeout=None,
+                 agent_path=None):
         self.name, self.addrs, self.user = name, list(addrs), user
         self.addr, self.port = self.addrs[0]
         self.client_key, self.password = client_key, password
+        # Only the one-time bootstrap may use the operator's agent; the control plane never does.
+        self.agent_path = agent_path
         self.host_key = host_key
         self.connect_timeout = connect_timeout
         self.sudo = sudo
@@ -94,11 +97,15 @@ class SSHTransport(Transport):
             raise NodeError(self.name, "has no pinned host key; add it again with "
                             "`flask llmgw add-node` to pin one")
         trusted = ([asyncssh.import_public_key(self.host_key)], [], [])
-        auth = ({"password": self.password, "client_keys": None} if self.password
-                else {"client_keys": [self.client_key]})
+        if self.password:
+            auth = {"password": self.password, "client_keys": None, "agent_path": None}
+        elif self.agent_path:
+            auth = {"agent_path": self.agent_path}
+        else:
+            auth = {"client_keys": [self.client_key], "agent_path": None}
         try:
             return await asyncio.wait_for(asyncssh.connect(
-                addr, port, username=self.user, known_hosts=trusted, agent_path=None, config=None,
+                addr, port, username=self.user, known_hosts=trusted, config=None,
                 keepalive_interval=15, keepalive_count_max=3, **auth), self.connect_timeout)
         except asyncssh.HostKeyNotVerifiable as e:
             raise HostKeyMismatch(self.name, (

@@ -124,7 +124,8 @@ async def _pin_first_answering(spec, existing, repin, host_key_fp):
     raise NodeError(spec.name, "no address answered: " + "; ".join(errors))
 
 
-async def install_control_key(spec, host_key, public_line, operator_key_path=None, password=None):
+async def install_control_key(spec, host_key, public_line, operator_key_path=None, password=None,
+                              agent_path=None):
     """Append the control plane's public key to the node user's authorized_keys, once."""
     operator_key = None
     if operator_key_path:
@@ -134,20 +135,22 @@ async def install_control_key(spec, host_key, public_line, operator_key_path=Non
         except (OSError, asyncssh.KeyImportError) as e:
             raise LlmgwError(f"--bootstrap-key {path}: cannot read it as an SSH private key ({e}); "
                              f"give an unencrypted private key the node accepts.") from e
-    t = ssh.SSHTransport(spec.name, spec.addrs, spec.user, operator_key, host_key, password=password)
+    t = ssh.SSHTransport(spec.name, spec.addrs, spec.user, operator_key, host_key, password=password,
+                         agent_path=agent_path)
     try:
         await t.check(["sh", "-c", INSTALL_KEY, public_line], what="installing the control plane's key")
     finally:
         await t.close()
 
 
-async def add_node(conf, spec, *, bootstrap_key=None, password=None, repin=False, host_key_fp=""):
+async def add_node(conf, spec, *, bootstrap_key=None, password=None, agent_path=None, repin=False,
+                   host_key_fp=""):
     """Pin, authorise, discover and store a node; return (node, fingerprint, created)."""
     existing = Node.get_or_none(Node.name == spec.name)
     key, fp, first_host, first_port = await _pin_first_answering(spec, existing, repin, host_key_fp)
-    if bootstrap_key or password:
+    if bootstrap_key or password or agent_path:
         public = control_key(conf).export_public_key().decode().strip()
-        await install_control_key(spec, key, public, bootstrap_key, password)
+        await install_control_key(spec, key, public, bootstrap_key, password, agent_path)
     node = existing or Node(name=spec.name)
     node.transport, node.addr, node.port = "ssh", first_host, first_port
     node.addrs = [list(a) for a in spec.addrs]

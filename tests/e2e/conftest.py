@@ -21,6 +21,7 @@ def cli(root, *args, check=True, timeout=300):
     """Run `flask llmgw ARGS --root ROOT` as an operator would; return the completed process."""
     env = dict(os.environ)
     env.pop("LLMGW_ROOT", None)
+    env.pop("SSH_AUTH_SOCK", None)  # the tests say which agent, if any, is used
     result = subprocess.run([sys.executable, "-m", "flask", "--app", "llmgw:create_app", "llmgw",
                              *args, "--root", str(root)], cwd=TOP, env=env, capture_output=True,
                             text=True, timeout=timeout)

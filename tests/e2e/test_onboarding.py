@@ -8,6 +8,7 @@ import pytest
 from tests.e2e.conftest import (CACHE, VERSION, cli, configure, need_test_nodes, nodes_json,
                                 operator_key)
 from tests.harness import nodes as harness
+from tests.harness.node_boot import HOST_KEY
 
 pytestmark = pytest.mark.e2e
 ASSET = f"llama-{VERSION}-bin-ubuntu-x64.tar.gz"
@@ -112,3 +113,35 @@ def test_a_password_typed_once_installs_the_key_and_is_not_kept(fleet):
     for path in root.rglob("*"):
         if path.is_file() and path.suffix != ".log":
             assert b"pw-for-llmgw-test" not in path.read_bytes(), path
+
+
+def test_the_operator_s_agent_installs_the_key_and_a_wrong_fingerprint_stops_it(fleet, tmp_path):
+    import os
+    import sys
+    from tests.conftest import TOP
+    root, node = fleet["root"], fleet["ops"]
+    wrong = cli(root, "add-node", "viaagent", "--addr", node.ip, "--host-key", "SHA256:" + "A" * 43,
+                check=False)
+    assert wrong.returncode != 0 and "not the SHA256:AAAA" in wrong.stderr
+    no_agent = cli(root, "add-node", "viaagent", "--addr", node.ip, "--use-agent", check=False)
+    assert no_agent.returncode != 0 and "SSH_AUTH_SOCK is not set" in no_agent.stderr
+    sock = tmp_path / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while not sock.exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        env = {k: v for k, v in os.environ.items() if k != "LLMGW_ROOT"}
+        env["SSH_AUTH_SOCK"] = str(sock)
+        subprocess.run(["ssh-add", str(fleet["operator"])], env=env, check=True, capture_output=True)
+        right = node.exec(["ssh-keygen", "-lf", HOST_KEY + ".pub"]).stdout.split()[1]
+        done = subprocess.run([sys.executable, "-m", "flask", "--app", "llmgw:create_app", "llmgw",
+                               "add-node", "viaagent", "--addr", node.ip, "--use-agent",
+                               "--host-key", right, "--root", str(root)],
+                              cwd=TOP, env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert f"host key   {right} (pinned)" in done.stdout
+    finally:
+        agent.terminate()
+        agent.wait(timeout=10)
