@@ -163,6 +163,7 @@ class Model(Base):
     replicas = pw.IntegerField(default=1)
     args = JSONField(default=list)
     created = pw.DateTimeField(default=utcnow)
+    fallbacks = JSONField(null=True)  # model names tried in order when this one has no replica
 
 
 class Replica(Base):

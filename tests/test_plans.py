@@ -159,3 +159,21 @@ def test_a_chain_of_links_cannot_climb_out():
     assert "a/b is a link to .., outside the install directory" in said
     assert "a/b/x would be written through the link a/b" in said
     assert "a/b/x/evil would be written through the link a/b" in said
+
+
+from llmgw.plans import routing  # noqa: E402
+
+
+def test_least_outstanding_goes_first_and_ties_rotate():
+    eps = ["a", "b", "c"]
+    assert routing.order(eps, {"a": 3, "b": 0, "c": 1}, 0)[0] == "b"
+    firsts = {routing.order(eps, {}, turn)[0] for turn in range(3)}
+    assert firsts == {"a", "b", "c"}
+
+
+def test_a_session_sticks_to_its_endpoint_while_it_is_not_overloaded():
+    eps = ["a", "b", "c"]
+    home = routing.order(eps, {}, 0, session="alice")[0]
+    assert all(routing.order(eps, {}, t, session="alice")[0] == home for t in range(5))
+    busy = {home: 10}
+    assert routing.order(eps, busy, 0, session="alice")[0] != home

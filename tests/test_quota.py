@@ -134,3 +134,16 @@ def test_a_project_s_usage_page_shows_its_requests(served, client, auth):
     page = client.get("/usage/default").get_data(as_text=True)
     assert "<td>demo</td><td>1</td>" in page
     assert client.get("/usage/nope").status_code == 404
+
+
+def test_a_model_without_a_replica_is_served_by_its_fallback_and_says_so(served, client):
+    Model.create(name="big", engine="llamacpp", source="/nowhere.gguf", sha256="0" * 64, replicas=0,
+                 fallbacks=["demo"])
+    resp = client.post("/v1/chat/completions", headers=served["headers"], buffered=True, json={
+        "model": "big", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]})
+    assert resp.status_code == 200 and resp.headers["X-Llmgw-Model"] == "demo"
+    assert Usage.select().order_by(Usage.id.desc()).get().model == "demo"
+    _, only_big = tenancy.create_key("default", models=["big"])
+    refused = client.post("/v1/chat/completions", headers={"Authorization": f"Bearer {only_big}"},
+                          json={"model": "big", "messages": [{"role": "user", "content": "hi"}]})
+    assert refused.status_code == 503  # the fallback is not a model this key may use

@@ -166,8 +166,10 @@ def model():
 @click.option("--engine", default="llamacpp", show_default=True, type=click.Choice(["llamacpp", "sim"]))
 @click.option("--sha256", default="", help="The file's checksum, when known (a URL is checked against it).")
 @click.option("--arg", "args", multiple=True, help="An extra engine argument (repeatable), e.g. --arg=-t --arg=1.")
+@click.option("--fallback", "fallbacks", multiple=True,
+              help="A model to serve requests when this one has no ready replica (repeatable, in order).")
 @root_option
-def model_add(name, source, replicas, engine, sha256, args):
+def model_add(name, source, replicas, engine, sha256, args, fallbacks):
     """Add or update a model; the reconciler places its replicas and copies its file to them."""
     if not name or len(name) > 128 or any(c.isspace() for c in name):
         raise LlmgwError(f"{name!r} is not a usable model name: no spaces, at most 128 characters.")
@@ -190,7 +192,10 @@ def model_add(name, source, replicas, engine, sha256, args):
         raise LlmgwError(f"model {name!r} would name its replicas like {clash.name!r} "
                          f"({slug(name)}-0, …); choose a name that differs in more than case or "
                          f"punctuation.")
-    fields = dict(engine=engine, source=source, sha256=sha256, replicas=replicas, args=list(args))
+    if name in fallbacks:
+        raise LlmgwError(f"model {name!r} cannot be its own fallback.")
+    fields = dict(engine=engine, source=source, sha256=sha256, replicas=replicas, args=list(args),
+                  fallbacks=list(fallbacks) or None)
     if row:
         Model.update(**fields).where(Model.id == row.id).execute()
     else:

@@ -4,6 +4,7 @@ The request path touches the database at most through two small in-memory
 caches (keys and routes) refreshed every few seconds, and never SSH: engines
 are reached over HTTP at the endpoints the reconciler recorded.
 """
+import functools
 import time
 
 from flask import Blueprint, current_app, jsonify, request
@@ -112,18 +113,22 @@ def relay(path):
         return error(403, f"This API key may not use the model '{model}' (it may use: "
                           f"{', '.join(key.models)}).", "invalid_request_error", "model_not_allowed",
                      "model")
-    endpoints = routes.pick(model)
+    session = request.headers.get("X-Session-Id") or str(body.get("user") or "")
+    allowed = functools.partial(quota.allowed, key)
+    served, endpoints = routes.serve_with(model, allowed, session)
     if not endpoints:
         # Before a 503, a fresher look: another worker may already route to a new replica.
         routes.refresh(FRESH_BEFORE_503_SECONDS)
-        endpoints = routes.pick(model)
+        served, endpoints = routes.serve_with(model, allowed, session)
     if not endpoints:
         why = "; ".join(routes.models[model]["why"]) or "no replica has been placed yet"
         return error(503, f"No ready replica of '{model}': {why}.", "server_error",
                      "no_ready_replica", headers={"Retry-After": "5"})
     try:
-        reservation = quota.reserve(key, model, body, current_app.config["LLMGW"])
+        reservation = quota.reserve(key, served, body, current_app.config["LLMGW"])
     except quota.LimitExceeded as e:
         return error(429, str(e), "insufficient_quota" if e.code == "insufficient_quota"
                      else "requests", e.code, headers={"Retry-After": str(e.retry_after)})
+    if served != model:
+        body = dict(body, model=served)
     return relay_mod.forward(endpoints, path, body, reservation, routes)

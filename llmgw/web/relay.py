@@ -62,7 +62,8 @@ def _relay(upstream, endpoint, routes, reservation, tap):
             _settle(reservation, usage, tap, outcome, endpoint)
 
     headers = {"Content-Type": upstream.headers.get("Content-Type", "application/json"),
-               "X-Accel-Buffering": "no", "Cache-Control": "no-cache"}
+               "X-Accel-Buffering": "no", "Cache-Control": "no-cache",
+               "X-Llmgw-Model": reservation.model}  # which model served it (a fallback, maybe)
     return Response(stream_with_context(body()), status=status, headers=headers)
 
 

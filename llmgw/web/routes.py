@@ -10,6 +10,7 @@ from flask import current_app
 
 from .. import secrets_box
 from ..models import Endpoint, Model, Node, Replica
+from ..plans import routing
 
 
 class Routes:
@@ -25,10 +26,11 @@ class Routes:
         if time.monotonic() - self.loaded < max_age:
             return
         with self.lock:
-            models = {m.name: {"ready": [], "why": []} for m in Model.select()}
+            models = {m.name: {"ready": [], "why": [], "fallbacks": m.fallbacks or []}
+                      for m in Model.select()}
             query = (Replica.select(Replica, Model, Node).join(Model).switch(Replica).join(Node))
             for r in query:
-                entry = models.setdefault(r.model.name, {"ready": [], "why": []})
+                entry = models.setdefault(r.model.name, {"ready": [], "why": [], "fallbacks": []})
                 if r.state == "ready" and r.endpoint:
                     entry["ready"].append(r.endpoint + "/v1")
                 else:
@@ -37,7 +39,7 @@ class Routes:
             auth = {}
             for ep in Endpoint.select():
                 for name in ep.models or []:
-                    entry = models.setdefault(name, {"ready": [], "why": []})
+                    entry = models.setdefault(name, {"ready": [], "why": [], "fallbacks": []})
                     if ep.state == "ready":
                         entry["ready"].append(ep.url)
                         if ep.api_key:
@@ -45,11 +47,20 @@ class Routes:
                                 current_app.config["LLMGW"]["_root"], ep.api_key)
                     else:
                         entry["why"].append(f"endpoint {ep.name}: {ep.state} ({ep.detail})")
+            for entry in models.values():
+                entry["ready"].sort()  # the same order in every worker, so sessions hash alike
             self.models, self.auth, self.loaded = models, auth, time.monotonic()
 
-    def pick(self, model):
-        """Return ready base URLs (…/v1), least outstanding first (ties rotate)."""
-        endpoints = list(self.models[model]["ready"])
-        turn = next(self.turn)
-        return sorted(endpoints, key=lambda e: (self.inflight.get(e, 0),
-                                                (endpoints.index(e) - turn) % max(len(endpoints), 1)))
+    def serve_with(self, model, allowed, session=""):
+        """Return (the model that will serve, its endpoints): this one, else its first fallback
+        with a ready replica that the key may use."""
+        for name in [model] + list(self.models[model].get("fallbacks", [])):
+            if name in self.models and allowed(name):
+                endpoints = self.pick(name, session)
+                if endpoints:
+                    return name, endpoints
+        return model, []
+
+    def pick(self, model, session=""):
+        """Return ready base URLs (…/v1) in the order to try them."""
+        return routing.order(list(self.models[model]["ready"]), self.inflight, next(self.turn), session)
