@@ -177,6 +177,7 @@ class Replica(Base):
     endpoint = pw.TextField(default="")
     updated = pw.DateTimeField(default=utcnow)
     failures = pw.IntegerField(default=0)
+    load = pw.FloatField(null=True)  # running + queued requests, as the engine reports them
 
     @property
     def unit(self):

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.facts import gpu, host, journal, ldd, tarlist
+from llmgw.facts import gpu, host, journal, ldd, metrics, tarlist
 
 CASES = Path(__file__).parent / "cases"
 
@@ -15,7 +15,7 @@ def _journal(output):
 
 
 PARSERS = {"discovery": host.parse_discovery, "ldd": ldd.missing_libraries, "journal": _journal,
-           "gpus": gpu.parse_gpus, "tarlist": lambda out: [list(m) for m in tarlist.parse_listing(out)]}
+           "gpus": gpu.parse_gpus, "metrics": metrics.parse_load, "tarlist": lambda out: [list(m) for m in tarlist.parse_listing(out)]}
 
 
 def all_cases():

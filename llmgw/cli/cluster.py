@@ -142,7 +142,7 @@ def list_nodes(as_json):
                     "gpus": [{k: g[k] for k in ("index", "name", "class", "healthy", "reason")}
                              for g in (n.facts or {}).get("gpus", [])],
                     "replicas": [{"name": r.name, "state": r.state, "endpoint": r.endpoint,
-                                  "detail": r.detail} for r in n.replicas]})
+                                  "load": r.load, "detail": r.detail} for r in n.replicas]})
     if as_json:
         return echo_json(out)
     for n in out:

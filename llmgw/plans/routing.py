@@ -9,7 +9,8 @@ AFFINITY_FACTOR = 2.0
 def order(endpoints, inflight, turn, session=""):
     """Return endpoints in the order to try them.
 
-    Least outstanding requests first, ties rotated by turn; with a session key (the request's
+    inflight: outstanding requests per endpoint (this worker's own, plus what the engine last
+    reported of its running and queued requests). Least first, ties rotated by turn; with a session key (the request's
     `user` field or an X-Session-Id header) its own endpoint leads while within the factor.
     """
     if not endpoints:

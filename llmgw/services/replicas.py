@@ -6,7 +6,7 @@ import time
 import requests
 
 from ..errors import LlmgwError, NodeError
-from ..facts import ports
+from ..facts import metrics, ports
 from ..models import EngineInstall, Replica, utcnow
 from ..plans import launch
 from ..plans.placement import free_port
@@ -38,6 +38,15 @@ def healthy(endpoint, timeout=3, tries=2):
         if attempt + 1 < tries:
             time.sleep(0.5)
     return False
+
+
+def engine_load(endpoint, timeout=2):
+    """Return running + queued requests from the engine's /metrics, or None (run in a thread)."""
+    try:
+        resp = requests.get(endpoint + "/metrics", timeout=timeout)
+    except requests.RequestException:
+        return None
+    return metrics.parse_load(resp.text) if resp.status_code == 200 else None
 
 
 async def running_units(transport, supervisor, base_dir):
@@ -107,6 +116,11 @@ class NodeReplicas:
         if is_running:
             replica.endpoint = endpoint_of(self.node, replica.port)
             ok = await asyncio.to_thread(healthy, replica.endpoint)
+        if ok:
+            load = await asyncio.to_thread(engine_load, replica.endpoint)
+            if load != replica.load:
+                replica.load = load
+                replica.save(only=[Replica.load])
         limit = self.conf["reconciler"]["health_timeout"]
         action = next_step(replica.state, is_running, ok, _age(replica), limit, replica.failures)
         if action == "ready":

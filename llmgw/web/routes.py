@@ -19,6 +19,7 @@ class Routes:
         self.loaded = 0.0
         self.models = {}
         self.auth = {}
+        self.load = {}
         self.inflight = {}
         self.turn = itertools.count()
 
@@ -28,11 +29,13 @@ class Routes:
         with self.lock:
             models = {m.name: {"ready": [], "why": [], "fallbacks": m.fallbacks or []}
                       for m in Model.select()}
+            load = {}
             query = (Replica.select(Replica, Model, Node).join(Model).switch(Replica).join(Node))
             for r in query:
                 entry = models.setdefault(r.model.name, {"ready": [], "why": [], "fallbacks": []})
                 if r.state == "ready" and r.endpoint:
                     entry["ready"].append(r.endpoint + "/v1")
+                    load[r.endpoint + "/v1"] = r.load or 0
                 else:
                     entry["why"].append(f"{r.name} on {r.node.name}: {r.state}"
                                         + (f" ({r.detail})" if r.detail else ""))
@@ -49,7 +52,7 @@ class Routes:
                         entry["why"].append(f"endpoint {ep.name}: {ep.state} ({ep.detail})")
             for entry in models.values():
                 entry["ready"].sort()  # the same order in every worker, so sessions hash alike
-            self.models, self.auth, self.loaded = models, auth, time.monotonic()
+            self.models, self.auth, self.load, self.loaded = models, auth, load, time.monotonic()
 
     def serve_with(self, model, allowed, session=""):
         """Return (the model that will serve, its endpoints): this one, else its first fallback
@@ -63,4 +66,5 @@ class Routes:
 
     def pick(self, model, session=""):
         """Return ready base URLs (…/v1) in the order to try them."""
-        return routing.order(list(self.models[model]["ready"]), self.inflight, next(self.turn), session)
+        busy = {e: self.inflight.get(e, 0) + self.load.get(e, 0) for e in self.models[model]["ready"]}
+        return routing.order(list(self.models[model]["ready"]), busy, next(self.turn), session)

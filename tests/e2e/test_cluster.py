@@ -126,6 +126,9 @@ def test_the_official_client_gets_a_chat_completion_and_a_stream(cluster):
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert len(chunks) >= 8 and text
     assert [m.id for m in client.models.list()] == ["tiny", "tiny-embed"]
+    # Each engine's own load (llama-server --metrics) is polled off the request path.
+    loads = [r["load"] for n in nodes_json(cluster["root"]).values() for r in n["replicas"]]
+    assert loads and all(isinstance(x, float) and x >= 0 for x in loads), loads
 
 
 def test_completions_and_embeddings_through_the_official_client(cluster):
