@@ -1,0 +1,136 @@
+"""Print the Markdown summary of a bench/run.sh results directory: python3 bench/report.py DIR."""
+import collections
+import json
+import sys
+from pathlib import Path
+
+
+def load(res):
+    runs = {}
+    for f in res.glob("*.json"):
+        r = json.loads(f.read_text())
+        runs[r["label"]] = r
+    return runs
+
+
+def fmt(v, nd=2):
+    return "–" if v is None else f"{v:,.{nd}f}"
+
+
+def ratio(a, b):
+    return None if a is None or b in (None, 0) else a / b
+
+
+def profile_summary(path, top=12):
+    """Self and inclusive sample shares from py-spy's raw (collapsed) output."""
+    self_c, incl = collections.Counter(), collections.Counter()
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not stack or not n.isdigit() or "gevent/threadpool.py" in stack:
+            continue  # gevent's threadpool threads wait on a queue; only the hub thread serves
+        n = int(n)
+        total += n
+        frames = stack.split(";")
+        self_c[frames[-1]] += n
+        for f in set(frames):
+            incl[f] += n
+    if not total:
+        return ["(no samples)"]
+    out = [f"{total} samples of the serving thread (idle threadpool threads left out). "
+           f"Self time, top {top}:", ""]
+    out += [f"- {n / total:6.1%}  {f}" for f, n in self_c.most_common(top)]
+    out += ["", "Inclusive time of llmgw / requests / werkzeug / gevent / sqlite frames, top 15:", ""]
+    keep = [(f, n) for f, n in incl.most_common() if any(
+        k in f for k in ("llmgw/", "requests/", "urllib3/", "werkzeug/", "peewee", "sqlite",
+                         "flask/", "gevent/", "http/client"))]
+    out += [f"- {n / total:6.1%}  {f}" for f, n in keep[:15]]
+    return out
+
+
+def main():
+    res = Path(sys.argv[1])
+    runs = load(res)
+    print("# llmgw benchmark\n")
+    print("```\n" + (res / "env.txt").read_text().strip() + "\n```\n")
+    targets = [t for t in ("direct", "llmgw", "litellm") if f"ns0-{t}" in runs]
+    for kind, title in (("ns0", "Non-streamed, upstream 0 ms"), ("ns50", "Non-streamed, upstream 50 ms"),
+                        ("stream", "Streamed, 100 chunks")):
+        print(f"## {title}\n")
+        stream = kind == "stream"
+        cols = ["target", "ok", "errors", "req/s", "p50 ms", "p95 ms", "p99 ms"]
+        if stream:
+            cols += ["TTFC p50 ms", "TTFC p95 ms", "TTFC p99 ms", "chunks/s"]
+        cols += ["added p50 ms", "added p95 ms", "added p99 ms"]
+        if stream:
+            cols += ["added TTFC p50 ms"]
+        print("| " + " | ".join(cols) + " |")
+        print("|" + "---|" * len(cols))
+        d = runs.get(f"{kind}-direct")
+        for t in targets:
+            r = runs.get(f"{kind}-{t}")
+            if not r:
+                continue
+            row = [t, str(r["ok"]), str(r["errors"]), fmt(r["req_s"], 0), fmt(r["p50_ms"]),
+                   fmt(r["p95_ms"]), fmt(r["p99_ms"])]
+            if stream:
+                row += [fmt(r["ttfc_p50_ms"]), fmt(r["ttfc_p95_ms"]), fmt(r["ttfc_p99_ms"]),
+                        fmt(r["chunks_s"], 0)]
+            add = lambda k: None if not d or r[k] is None or d[k] is None else r[k] - d[k]
+            row += [fmt(add("p50_ms")), fmt(add("p95_ms")), fmt(add("p99_ms"))]
+            if stream:
+                row += [fmt(add("ttfc_p50_ms"))]
+            print("| " + " | ".join(row) + " |")
+        print()
+        g, l = runs.get(f"{kind}-llmgw"), runs.get(f"{kind}-litellm")
+        parts = []
+        for name, a, b in (("llmgw/direct", g, d), ("litellm/direct", l, d), ("llmgw/litellm", g, l)):
+            if a and b:
+                parts.append(f"{name}: req/s {fmt(ratio(a['req_s'], b['req_s']))}×, "
+                             f"p50 {fmt(ratio(a['p50_ms'], b['p50_ms']))}×, "
+                             f"p99 {fmt(ratio(a['p99_ms'], b['p99_ms']))}×")
+        if parts:
+            print("Ratios — " + "; ".join(parts) + "\n")
+        for t in targets:
+            r = runs.get(f"{kind}-{t}")
+            if r and (r["errors"] or r["unsent"]):
+                print(f"- {t}: errors {r['error_kinds']}, unsent {r['unsent']}, "
+                      f"samples {r['error_samples'][:1]}")
+        print()
+
+    rss_file = res / "rss.jsonl"
+    if rss_file.exists():
+        print("## llmgw worker RSS (VmRSS, MB)\n")
+        rows = [json.loads(x) for x in rss_file.read_text().splitlines() if x.strip()]
+        pids = sorted({p for r in rows for p in r["workers"]})
+        print("| point | " + " | ".join(f"worker {p}" for p in pids) + " |")
+        print("|---|" + "---|" * len(pids))
+        for r in rows:
+            print(f"| {r['label']} | " + " | ".join(
+                fmt(r["workers"][p] / 1024, 1) if p in r["workers"] else "gone" for p in pids) + " |")
+        rr = [runs[k] for k in sorted(runs) if k.startswith("rss-")]
+        if rr:
+            print(f"\nRSS run: {sum(r['ok'] for r in rr)} ok, {sum(r['errors'] for r in rr)} errors, "
+                  f"req/s per quarter {[r['req_s'] for r in rr]}\n")
+
+    print("## 1,000 concurrent streams (100 chunks, 20 ms apart, about 2 s each)\n")
+    print("| target | ok | errors | wall s | p50 ms | p99 ms | TTFC p50 ms | TTFC p99 ms | errors by kind |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for k in ("c1000-direct", "c1000-llmgw-1worker"):
+        r = runs.get(k)
+        if r:
+            print(f"| {k} | {r['ok']} | {r['errors']} | {r['wall_s']} | {fmt(r['p50_ms'])} | "
+                  f"{fmt(r['p99_ms'])} | {fmt(r['ttfc_p50_ms'])} | {fmt(r['ttfc_p99_ms'])} | "
+                  f"{r['error_kinds'] or ''} |")
+    print()
+    for name in ("profile.txt", "profile-stream.txt"):
+        if (res / name).exists():
+            print(f"## py-spy profile of one llmgw worker ({name})\n")
+            print("\n".join(profile_summary(res / name)) + "\n")
+    if (res / "ps-end.txt").exists():
+        print("Busiest processes at the end (other work on the machine skews every number):\n")
+        print("```\n" + (res / "ps-end.txt").read_text().rstrip() + "\n```")
+
+
+if __name__ == "__main__":
+    main()
