@@ -2,6 +2,7 @@
 import urllib.parse
 
 import peewee
+from playhouse.pool import PooledSqliteDatabase
 
 from .errors import ConfigError
 
@@ -15,7 +16,9 @@ def open_database(url):
         path = parsed.path if not parsed.netloc else parsed.netloc + parsed.path
         # WAL lets the web workers read while the reconciler writes; the busy
         # timeout turns a short write collision into a wait instead of an error.
-        return peewee.SqliteDatabase(path, pragmas={
+        # Pooled: a request (a greenlet under gevent) takes an open connection and gives it
+        # back, instead of opening the file and setting its pragmas every time.
+        return PooledSqliteDatabase(path, max_connections=None, stale_timeout=600, pragmas={
             "journal_mode": "wal", "busy_timeout": 10000, "foreign_keys": 1,
             "synchronous": "normal"})
     if parsed.scheme in ("postgres", "postgresql"):

@@ -65,18 +65,42 @@ def _counter(kind, scope_kind, scope_id, slot):
     return query.get()
 
 
-def reserve(key, model, body, conf, now=None):
-    """Reserve the request's worst case against every scope, or raise LimitExceeded naming one."""
+class Lookups:
+    """A worker's short-lived memory of scopes, rules and prices: the request path reads the
+    database for them at most once a second, and a limit that binds nothing costs nothing."""
+
+    def __init__(self, ttl=1.0):
+        self.ttl, self.entries = ttl, {}
+
+    def get(self, what, make):
+        hit = self.entries.get(what)
+        if hit and time.monotonic() - hit[1] < self.ttl:
+            return hit[0]
+        value = make()
+        if len(self.entries) > 10000:
+            self.entries.clear()
+        self.entries[what] = (value, time.monotonic())
+        return value
+
+
+def reserve(key, model, body, conf, now=None, lookups=None):
+    """Reserve the request's worst case against every scope, or raise LimitExceeded naming one.
+
+    When no limit of any scope binds, nothing is reserved and no transaction is taken.
+    """
     now = now or utcnow()
-    price = price_of(model, conf)
+    lookups = lookups or Lookups(ttl=0)
+    price = lookups.get(("price", model), lambda: price_of(model, conf))
     prompt, completion = quota.worst_case(body, conf["limits"]["default_max_tokens"])
     money = quota.cost(prompt, completion, price)
-    scopes = scopes_of(key)
+    scopes = lookups.get(("scopes", key.id), lambda: scopes_of(key))
     res = Reservation(key.id, scopes[1][1], model, price, prompt + completion, money)
+    rules = {kind: lookups.get(("rule", kind, sid), lambda k=kind, s=sid: LimitRule.get_or_none(
+        LimitRule.scope_kind == k, LimitRule.scope_id == s)) for kind, sid, _ in scopes}
+    limits = quota.effective(rules, conf["limits"])
+    if not any(lim.rpm or lim.tpm or lim.budget for lim in limits.values()):
+        return res
     with _transaction():
-        rules = {kind: LimitRule.get_or_none(LimitRule.scope_kind == kind, LimitRule.scope_id == sid)
-                 for kind, sid, _ in scopes}
-        limits = quota.effective(rules, conf["limits"])
         plan = []
         for kind, sid, name in scopes:
             plan += _check(kind, sid, name, limits[kind], res, now)

@@ -47,7 +47,7 @@ def caches():
     """Return this app's (routes, keys) caches: one set per app, so each worker and test has its own."""
     got = current_app.extensions.get("llmgw.gateway")
     if got is None:
-        got = current_app.extensions["llmgw.gateway"] = (Routes(), {})
+        got = current_app.extensions["llmgw.gateway"] = (Routes(), {}, quota.Lookups())
     return got
 
 
@@ -125,7 +125,8 @@ def relay(path):
         return error(503, f"No ready replica of '{model}': {why}.", "server_error",
                      "no_ready_replica", headers={"Retry-After": "5"})
     try:
-        reservation = quota.reserve(key, served, body, current_app.config["LLMGW"])
+        reservation = quota.reserve(key, served, body, current_app.config["LLMGW"],
+                                    lookups=caches()[2])
     except quota.LimitExceeded as e:
         return error(429, str(e), "insufficient_quota" if e.code == "insufficient_quota"
                      else "requests", e.code, headers={"Retry-After": str(e.retry_after)})

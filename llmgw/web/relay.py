@@ -24,7 +24,7 @@ def forward(endpoints, path, body, reservation, routes):
             headers = {"Content-Type": "application/json"}
             if endpoint in routes.auth:
                 headers["Authorization"] = routes.auth[endpoint]
-            upstream = requests.post(f"{endpoint}/{path}", data=data, stream=True, headers=headers,
+            upstream = routes.http.post(f"{endpoint}/{path}", data=data, stream=True, headers=headers,
                                      timeout=(g["connect_timeout"], g["read_timeout"]))
         except requests.RequestException as e:
             routes.inflight[endpoint] -= 1

@@ -6,6 +6,7 @@ import itertools
 import threading
 import time
 
+import requests
 from flask import current_app
 
 from .. import secrets_box
@@ -22,6 +23,10 @@ class Routes:
         self.load = {}
         self.inflight = {}
         self.turn = itertools.count()
+        # One pool of kept-alive connections to the engines per worker, not a TCP handshake per request.
+        self.http = requests.Session()
+        self.http.mount("http://", requests.adapters.HTTPAdapter(pool_connections=64, pool_maxsize=1024))
+        self.http.mount("https://", requests.adapters.HTTPAdapter(pool_connections=64, pool_maxsize=1024))
 
     def refresh(self, max_age):
         if time.monotonic() - self.loaded < max_age:

@@ -25,29 +25,37 @@ def demo(tmp_path_factory):
                              "demo", "--root", str(root), "--listen", f"127.0.0.1:{port}"],
                             cwd=TOP, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
-    out = []
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        out.append(line)
-        if "llmgw serving on" in line:
-            break
-    text = "".join(out)
-    assert "llmgw serving on" in text, text
-    info = {"url": re.search(r"OPENAI_BASE_URL=(\S+)", text).group(1),
-            "key": re.search(r"OPENAI_API_KEY=(\S+)", text).group(1),
-            "password": re.search(r"with password (\S+)", text).group(1), "root": root}
-    client = openai.OpenAI(base_url=info["url"], api_key=info["key"], max_retries=0, timeout=10)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "hi"}])
-            break
-        except (openai.APIStatusError, openai.APIConnectionError):
-            assert time.monotonic() < deadline, "the demo's replica never became ready"
-            time.sleep(0.5)
-    info["client"] = client
+    try:
+        out = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            out.append(line)
+            if "llmgw serving on" in line:
+                break
+        text = "".join(out)
+        assert "llmgw serving on" in text, text
+        info = {"url": re.search(r"OPENAI_BASE_URL=(\S+)", text).group(1),
+                "key": re.search(r"OPENAI_API_KEY=(\S+)", text).group(1),
+                "password": re.search(r"with password (\S+)", text).group(1), "root": root}
+        client = openai.OpenAI(base_url=info["url"], api_key=info["key"], max_retries=0, timeout=10)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "hi"}])
+                break
+            except (openai.APIStatusError, openai.APIConnectionError):
+                assert time.monotonic() < deadline, "the demo's replica never became ready"
+                time.sleep(0.5)
+        info["client"] = client
+    except BaseException:
+        _stop(proc, root)  # a demo that never came up must not outlive the test
+        raise
     yield info
+    _stop(proc, root)
+
+
+def _stop(proc, root):
     os.killpg(proc.pid, signal.SIGTERM)
     proc.wait(timeout=30)
     for pidfile in (root / "node" / "run").glob("llmgw-*.pid"):
