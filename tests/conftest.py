@@ -60,6 +60,34 @@ def auth(client, app):
     return a
 
 
+def reconcile(conf, until=None, timeout=30):
+    """Run reconcile passes (waiting for their background work) until `until()` holds.
+
+    Without `until`, one pass. A new Reconciler each call: what a restarted process would do.
+    """
+    import asyncio
+    import time
+    from llmgw.models import Replica
+    from llmgw.reconciler import Reconciler
+
+    async def go():
+        rec = Reconciler(conf)
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                await rec.pass_once()
+                await rec.drain()
+                if until is None or until():
+                    return
+                if time.monotonic() > deadline:
+                    raise AssertionError("did not converge: " + "; ".join(
+                        f"{r.name} {r.state} {r.detail}" for r in Replica.select()))
+                await asyncio.sleep(0.2)
+        finally:
+            await rec.close()
+    asyncio.run(go())
+
+
 def free_port():
     import socket
     with socket.socket() as s:

@@ -1,21 +1,11 @@
 """An external OpenAI-compatible server is health-checked, then routed to like a replica."""
-import asyncio
 import time
 
 from llmgw import secrets_box
 from llmgw.cli import llmgw
 from llmgw.models import Endpoint
-from llmgw.reconciler import Reconciler
 from llmgw.services import tenancy
-
-
-def one_pass(conf):
-    async def go():
-        rec = Reconciler(conf)
-        await rec.pass_once()
-        await rec.drain()
-        await rec.close()
-    asyncio.run(go())
+from tests.conftest import reconcile
 
 
 def test_an_external_endpoint_is_routed_to_once_it_answers(app, runner, root, client, sim_engine):
@@ -30,7 +20,7 @@ def test_an_external_endpoint_is_routed_to_once_it_answers(app, runner, root, cl
     headers = {"Authorization": f"Bearer {key}"}
     body = {"model": "sim", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}
     assert client.post("/v1/chat/completions", headers=headers, json=body).status_code == 503
-    one_pass(conf)
+    reconcile(conf)
     assert Endpoint.get(Endpoint.name == "ext").state == "ready"
     time.sleep(0.3)  # the gateway looks again before a 503 at most every 250 ms
     resp = client.post("/v1/chat/completions", headers=headers, json=body)
@@ -40,7 +30,7 @@ def test_an_external_endpoint_is_routed_to_once_it_answers(app, runner, root, cl
 def test_an_endpoint_that_does_not_answer_is_not_routed_and_says_why(app, runner, root, client):
     runner.invoke(llmgw, ["endpoint", "add", "gone", "--url", "http://127.0.0.1:9/v1", "--model", "x",
                           "--root", str(root)])
-    one_pass(app.config["LLMGW"])
+    reconcile(app.config["LLMGW"])
     row = Endpoint.get(Endpoint.name == "gone")
     assert row.state == "unreachable" and "did not answer" in row.detail
     _, key = tenancy.create_key("default")

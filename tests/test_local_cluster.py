@@ -1,17 +1,16 @@
 """The whole path on one machine without root: a local node, the simulated engine, the gateway."""
 import asyncio
 import json
-import time
 
 import pytest
 
 from llmgw.models import LogRequest, Model, Replica
 from llmgw.plans import launch
-from llmgw.reconciler import Reconciler
 from llmgw.services import nodes, tenancy
 from llmgw.services.replicas import running_units
 from llmgw.executors.transport import LocalTransport
-from tests.conftest import free_port
+from llmgw.reconciler import Reconciler
+from tests.conftest import free_port, reconcile
 
 
 @pytest.fixture
@@ -31,28 +30,12 @@ def cluster(app, tmp_path):
         asyncio.run(t.run(launch.stop_argv("setsid", f"llmgw-{unit}", node.base_dir)))
 
 
-def converge(conf, until, timeout=30):
-    async def go():
-        rec = Reconciler(conf)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            await rec.pass_once()
-            await rec.drain()
-            if until():
-                await rec.close()
-                return rec
-            await asyncio.sleep(0.3)
-        raise AssertionError("did not converge: " + "; ".join(
-            f"{r.name} {r.state} {r.detail}" for r in Replica.select()))
-    return asyncio.run(go())
-
-
 def ready():
     return [r for r in Replica.select() if r.state == "ready"]
 
 
 def test_a_local_node_serves_a_chat_completion_through_the_gateway(cluster, client):
-    converge(cluster["conf"], lambda: len(ready()) == 1)
+    reconcile(cluster["conf"], lambda: len(ready()) == 1)
     headers = {"Authorization": f"Bearer {cluster['key']}"}
     resp = client.post("/v1/chat/completions", headers=headers, json={
         "model": "demo", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
@@ -63,7 +46,7 @@ def test_a_local_node_serves_a_chat_completion_through_the_gateway(cluster, clie
 
 
 def test_a_stream_is_relayed_chunk_by_chunk(cluster, client):
-    converge(cluster["conf"], lambda: len(ready()) == 1)
+    reconcile(cluster["conf"], lambda: len(ready()) == 1)
     resp = client.post("/v1/chat/completions", headers={"Authorization": f"Bearer {cluster['key']}"},
                        json={"model": "demo", "stream": True, "max_tokens": 5,
                              "messages": [{"role": "user", "content": "hi"}]}, buffered=False)
@@ -76,9 +59,9 @@ def test_a_stream_is_relayed_chunk_by_chunk(cluster, client):
 
 def test_a_restarted_reconciler_adopts_instead_of_duplicating(cluster):
     conf, node = cluster["conf"], cluster["node"]
-    converge(conf, lambda: len(ready()) == 1)
+    reconcile(conf, lambda: len(ready()) == 1)
     before = Replica.get().endpoint
-    converge(conf, lambda: len(ready()) == 1)  # a new Reconciler object: a restarted process
+    reconcile(conf, lambda: len(ready()) == 1)  # a new Reconciler object: a restarted process
     units = asyncio.run(running_units(LocalTransport(), "setsid", node.base_dir))
     assert units == {"demo-0"}
     assert Replica.select().count() == 1 and Replica.get().endpoint == before
@@ -86,7 +69,7 @@ def test_a_restarted_reconciler_adopts_instead_of_duplicating(cluster):
 
 def test_the_log_pane_is_answered_by_the_reconciler(cluster, client, auth):
     conf = cluster["conf"]
-    converge(conf, lambda: len(ready()) == 1)
+    reconcile(conf, lambda: len(ready()) == 1)
     auth.login(password=auth.password)
     page = client.get("/nodes/local")
     assert page.status_code == 200 and b"logpane" in page.data

@@ -7,8 +7,8 @@ from llmgw import config
 from llmgw.cli import llmgw
 from llmgw.errors import ConfigError
 from llmgw.models import EngineInstall
-from llmgw.reconciler import Reconciler
 from llmgw.services import nodes
+from tests.conftest import reconcile
 
 FAKE_VLLM = "#!/bin/sh\n[ \"$1\" = --version ] && echo 0.11.2 && exit 0\nexit 2\n"
 
@@ -28,12 +28,7 @@ def test_a_named_engine_is_ready_with_its_version_and_a_wrong_path_says_so(app, 
     asyncio.run(nodes.add_local_node("here", str(tmp_path / "node")))
     conf["node_engines"] = {"here": {"vllm": str(vllm), "sglang": str(tmp_path / "nope/python")}}
 
-    async def one_pass():
-        rec = Reconciler(conf)
-        await rec.pass_once()
-        await rec.drain()
-        await rec.close()
-    asyncio.run(one_pass())
+    reconcile(conf)
     rows = {r.engine: r for r in EngineInstall.select()}
     assert (rows["vllm"].state, rows["vllm"].version) == ("ready", "0.11.2")
     assert rows["vllm"].detail == f"vllm 0.11.2 at {vllm}"

@@ -7,9 +7,8 @@ import pytest
 
 from llmgw.models import Counter, LimitRule, Model, Price, Project, Usage
 from llmgw.plans import quota
-from llmgw.reconciler import Reconciler
 from llmgw.services import nodes, tenancy
-from tests.conftest import free_port
+from tests.conftest import free_port, reconcile
 
 NOW = datetime.datetime(2026, 11, 29, 19, 30, 15)
 DEFAULTS = {"default_rpm": 0, "default_tpm": 0, "default_budget": 5.0, "default_period": "day",
@@ -54,16 +53,7 @@ def served(app, tmp_path):
     node = asyncio.run(nodes.add_local_node("local", str(tmp_path / "node")))
     Model.create(name="demo", engine="sim", source="", sha256="", replicas=1, args=["--token-delay", "0"])
 
-    async def until_ready():
-        rec = Reconciler(conf)
-        for _ in range(100):
-            await rec.pass_once()
-            await rec.drain()
-            if node.replicas.where().count() and all(r.state == "ready" for r in node.replicas):
-                break
-            await asyncio.sleep(0.2)
-        await rec.close()
-    asyncio.run(until_ready())
+    reconcile(conf, lambda: bool(node.replicas.count()) and all(r.state == "ready" for r in node.replicas))
     _, key = tenancy.create_key("default")
     yield {"key": key, "headers": {"Authorization": f"Bearer {key}"}}
     from llmgw.executors.transport import LocalTransport

@@ -80,6 +80,17 @@ def wait_for(what, check, timeout=240, every=1.0):
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
+def stop_served(proc, root):
+    """Stop a `flask llmgw serve|demo` started in its own session, and its local node's engines."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=60)
+    for pidfile in (root / "node" / "run").glob("llmgw-*.pid"):
+        try:
+            os.kill(int(pidfile.read_text()), signal.SIGTERM)
+        except (ProcessLookupError, ValueError):
+            pass
+
+
 class ControlPlane:
     """`flask llmgw serve` in its own process group, so it can be killed and started again."""
 

@@ -1,7 +1,6 @@
 """The README's demo, as a person would use it: start it, log in with a browser, watch logs move."""
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -10,6 +9,7 @@ import openai
 import pytest
 
 from tests.conftest import TOP, free_port
+from tests.e2e.conftest import stop_served
 from tests.harness import browser
 
 pytestmark = pytest.mark.e2e
@@ -49,20 +49,11 @@ def demo(tmp_path_factory):
                 time.sleep(0.5)
         info["client"] = client
     except BaseException:
-        _stop(proc, root)  # a demo that never came up must not outlive the test
+        stop_served(proc, root)  # a demo that never came up must not outlive the test
         raise
     yield info
-    _stop(proc, root)
+    stop_served(proc, root)
 
-
-def _stop(proc, root):
-    os.killpg(proc.pid, signal.SIGTERM)
-    proc.wait(timeout=30)
-    for pidfile in (root / "node" / "run").glob("llmgw-*.pid"):
-        try:
-            os.kill(int(pidfile.read_text()), signal.SIGTERM)
-        except (ProcessLookupError, ValueError):
-            pass
 
 
 def test_the_demo_answers_the_official_client_streamed_and_not(demo):

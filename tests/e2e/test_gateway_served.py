@@ -5,7 +5,6 @@ import concurrent.futures
 import datetime
 import os
 import re
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -15,7 +14,7 @@ import pytest
 import requests
 
 from tests.conftest import TOP, free_port
-from tests.e2e.conftest import cli
+from tests.e2e.conftest import cli, stop_served
 
 pytestmark = pytest.mark.e2e
 
@@ -52,20 +51,11 @@ def plane(tmp_path_factory):
             assert time.monotonic() < deadline, (root / "serve.log").read_text()[-2000:]
             time.sleep(0.3)
     except BaseException:
-        _stop(proc, root)  # a control plane that never answered must not outlive the test
+        stop_served(proc, root)  # a control plane that never answered must not outlive the test
         raise
     yield {"root": root, "url": url, "key": key}
-    _stop(proc, root)
+    stop_served(proc, root)
 
-
-def _stop(proc, root):
-    os.killpg(proc.pid, signal.SIGTERM)
-    proc.wait(timeout=60)
-    for pidfile in (root / "node" / "run").glob("llmgw-*.pid"):
-        try:
-            os.kill(int(pidfile.read_text()), signal.SIGTERM)
-        except (ProcessLookupError, ValueError):
-            pass
 
 
 def fire(plane, n=50):
