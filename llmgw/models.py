@@ -178,6 +178,7 @@ class Replica(Base):
     updated = pw.DateTimeField(default=utcnow)
     failures = pw.IntegerField(default=0)
     load = pw.FloatField(null=True)  # running + queued requests, as the engine reports them
+    spec = pw.TextField(default="")  # digest of what it was started with (model, args, binary)
 
     @property
     def unit(self):

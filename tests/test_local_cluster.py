@@ -89,3 +89,21 @@ def test_a_model_without_a_ready_replica_is_a_503_with_the_reason(app, client):
                        json={"model": "lonely", "messages": []})
     assert resp.status_code == 503
     assert "No ready replica of 'lonely'" in resp.get_json()["error"]["message"]
+
+
+def test_a_changed_model_restarts_its_replica_with_the_new_settings(cluster):
+    conf, node = cluster["conf"], cluster["node"]
+    reconcile(conf, lambda: len(ready()) == 1)
+    pid = (node_dir(node) / "run" / "llmgw-demo-0.pid").read_text().strip()
+    Model.update(args=["--token-delay", "0.01"]).where(Model.name == "demo").execute()
+    reconcile(conf, lambda: Replica.get().state == "pending")
+    assert Replica.get().detail == "restarting to apply the model's new settings"
+    reconcile(conf, lambda: len(ready()) == 1)
+    assert (node_dir(node) / "run" / "llmgw-demo-0.pid").read_text().strip() != pid
+    units = asyncio.run(running_units(LocalTransport(), "setsid", node.base_dir))
+    assert units == {"demo-0"}
+
+
+def node_dir(node):
+    from pathlib import Path
+    return Path(node.base_dir)

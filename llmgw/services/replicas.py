@@ -1,5 +1,7 @@
 """Start, adopt, health-check and stop the engine replicas on one node."""
 import asyncio
+import hashlib
+import json
 import logging
 import time
 
@@ -67,6 +69,15 @@ async def check_over_http(rows):
                                      f"unreachable over SSH")
 
 
+_model_locks = {}
+
+
+def spec_of(model, install):
+    """Return a digest of everything a replica's engine is started from."""
+    what = json.dumps([model.engine, model.source, model.sha256, model.args or [], install.binary])
+    return hashlib.sha256(what.encode()).hexdigest()[:16]
+
+
 def _set(replica, state, detail="", **fields):
     replica.state, replica.detail, replica.updated = state, detail, utcnow()
     for k, v in fields.items():
@@ -112,6 +123,8 @@ class NodeReplicas:
             _set(replica, "failed", str(e) or type(e).__name__, failures=replica.failures + 1)
 
     async def _step(self, replica, is_running):
+        if is_running and await self._restart_if_changed(replica):
+            return
         ok = False
         if is_running:
             replica.endpoint = endpoint_of(self.node, replica.port)
@@ -139,6 +152,23 @@ class NodeReplicas:
             self._fail(replica, "its engine exited", await self._tail(replica))
         elif action == "start":
             await self.start(replica)
+
+    async def _restart_if_changed(self, replica):
+        """Stop a replica started from an older model or engine, one of a model at a time."""
+        install = EngineInstall.get_or_none(node=self.node, engine=replica.model.engine)
+        if not replica.spec or install is None or install.state != "ready" \
+                or replica.spec == spec_of(replica.model, install):
+            return False
+        lock = _model_locks.setdefault(replica.model_id, asyncio.Lock())
+        async with lock:  # replicas on other nodes decide in turn, never all at once
+            others_down = Replica.select().where(
+                Replica.model == replica.model_id, Replica.id != replica.id,
+                Replica.state.in_(("pending", "fetching", "starting"))).exists()
+            if others_down:
+                return True  # wait until the one already restarting serves again
+            await self.stop(replica)
+            _set(replica, "pending", "restarting to apply the model's new settings")
+        return True
 
     def _fail(self, replica, what, tail):
         failures = replica.failures + 1
@@ -171,7 +201,8 @@ class NodeReplicas:
         await self.t.check(launch.start_argv(self.supervisor, replica.unit, argv, self.node.base_dir),
                            what=f"starting {replica.unit}")
         _set(replica, "starting", f"started as {replica.unit} under {self.supervisor}; waiting for /health",
-             supervisor=self.supervisor, endpoint=endpoint_of(self.node, replica.port))
+             supervisor=self.supervisor, endpoint=endpoint_of(self.node, replica.port),
+             spec=spec_of(model, install))
 
     async def _take_free_port(self, replica):
         """Move the replica to another port when something else on the node listens on its own."""
