@@ -88,6 +88,39 @@ def reconcile(conf, until=None, timeout=30):
     asyncio.run(go())
 
 
+@pytest.fixture
+def local_sim(app, tmp_path):
+    """Make this machine a node serving model 'demo' on the simulated engine; stop it afterwards.
+
+    Call it with the engine's delay between tokens; it returns {conf, node, key, headers}. The
+    node gets a port range of its own, so another llmgw on this machine is no neighbour.
+    """
+    import asyncio
+    from llmgw.executors.transport import LocalTransport
+    from llmgw.models import Model
+    from llmgw.plans import launch
+    from llmgw.services import nodes
+    from llmgw.services.replicas import running_units
+    made = []
+
+    def make(token_delay="0.05"):
+        conf = app.config["LLMGW"]
+        conf["engines"]["llamacpp"] = ""
+        base = free_port()
+        conf["reconciler"]["port_range"] = f"{base}-{base + 50}"
+        node = asyncio.run(nodes.add_local_node("local", str(tmp_path / "node")))
+        made.append(node)
+        Model.create(name="demo", engine="sim", source="", sha256="", replicas=1,
+                     args=["--token-delay", token_delay])
+        _, key = tenancy.create_key("default")
+        return {"conf": conf, "node": node, "key": key, "headers": {"Authorization": f"Bearer {key}"}}
+    yield make
+    t = LocalTransport()
+    for node in made:
+        for unit in asyncio.run(running_units(t, "setsid", node.base_dir)):
+            asyncio.run(t.run(launch.stop_argv("setsid", f"llmgw-{unit}", node.base_dir)))
+
+
 def free_port():
     import socket
     with socket.socket() as s:

@@ -5,29 +5,16 @@ import json
 import pytest
 
 from llmgw.models import LogRequest, Model, Replica
-from llmgw.plans import launch
-from llmgw.services import nodes, tenancy
+from llmgw.services import tenancy
 from llmgw.services.replicas import running_units
 from llmgw.executors.transport import LocalTransport
 from llmgw.reconciler import Reconciler
-from tests.conftest import free_port, reconcile
+from tests.conftest import reconcile
 
 
 @pytest.fixture
-def cluster(app, tmp_path):
-    conf = app.config["LLMGW"]
-    conf["engines"]["llamacpp"] = ""
-    # A range of its own, so another llmgw on this machine (a demo, a parallel run) is no neighbour.
-    base = free_port()
-    conf["reconciler"]["port_range"] = f"{base}-{base + 50}"
-    node = asyncio.run(nodes.add_local_node("local", str(tmp_path / "node")))
-    Model.create(name="demo", engine="sim", source="", sha256="", replicas=1,
-                 args=["--token-delay", "0.05"])
-    _, key = tenancy.create_key("default")
-    yield {"conf": conf, "node": node, "key": key}
-    t = LocalTransport()
-    for unit in asyncio.run(running_units(t, "setsid", node.base_dir)):
-        asyncio.run(t.run(launch.stop_argv("setsid", f"llmgw-{unit}", node.base_dir)))
+def cluster(local_sim):
+    return local_sim("0.05")
 
 
 def ready():

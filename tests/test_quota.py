@@ -1,5 +1,4 @@
 """Limits and money: admission reserves the worst case, settles to what was used, 429s name why."""
-import asyncio
 import datetime
 import json
 
@@ -7,8 +6,8 @@ import pytest
 
 from llmgw.models import Counter, LimitRule, Model, Price, Project, Usage
 from llmgw.plans import quota
-from llmgw.services import nodes, tenancy
-from tests.conftest import free_port, reconcile
+from llmgw.services import tenancy
+from tests.conftest import reconcile
 
 NOW = datetime.datetime(2026, 11, 29, 19, 30, 15)
 DEFAULTS = {"default_rpm": 0, "default_tpm": 0, "default_budget": 5.0, "default_period": "day",
@@ -45,21 +44,11 @@ def test_the_worst_case_is_the_prompt_estimate_plus_max_tokens():
 
 
 @pytest.fixture
-def served(app, tmp_path):
-    conf = app.config["LLMGW"]
-    conf["engines"]["llamacpp"] = ""
-    base = free_port()
-    conf["reconciler"]["port_range"] = f"{base}-{base + 50}"
-    node = asyncio.run(nodes.add_local_node("local", str(tmp_path / "node")))
-    Model.create(name="demo", engine="sim", source="", sha256="", replicas=1, args=["--token-delay", "0"])
-
-    reconcile(conf, lambda: bool(node.replicas.count()) and all(r.state == "ready" for r in node.replicas))
-    _, key = tenancy.create_key("default")
-    yield {"key": key, "headers": {"Authorization": f"Bearer {key}"}}
-    from llmgw.executors.transport import LocalTransport
-    from llmgw.plans import launch
-    t = LocalTransport()
-    asyncio.run(t.run(launch.stop_argv("setsid", "llmgw-demo-0", node.base_dir)))
+def served(local_sim):
+    made = local_sim("0")
+    node = made["node"]
+    reconcile(made["conf"], lambda: bool(node.replicas.count()) and all(r.state == "ready" for r in node.replicas))
+    return made
 
 
 def chat(client, headers, **kw):
