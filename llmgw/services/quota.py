@@ -65,6 +65,9 @@ def _counter(kind, scope_kind, scope_id, slot):
     return query.get()
 
 
+MAX_ENTRIES = 10000
+
+
 class Lookups:
     """A worker's short-lived memory of scopes, rules and prices: the request path reads the
     database for them at most once a second, and a limit that binds nothing costs nothing."""
@@ -77,7 +80,7 @@ class Lookups:
         if hit and time.monotonic() - hit[1] < self.ttl:
             return hit[0]
         value = make()
-        if len(self.entries) > 10000:
+        if len(self.entries) > MAX_ENTRIES:  # a flood of made-up keys must not grow the worker
             self.entries.clear()
         self.entries[what] = (value, time.monotonic())
         return value

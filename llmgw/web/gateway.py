@@ -5,7 +5,6 @@ caches (keys and routes) refreshed every few seconds, and never SSH: engines
 are reached over HTTP at the endpoints the reconciler recorded.
 """
 import functools
-import time
 
 from flask import Blueprint, current_app, jsonify, request
 from werkzeug.exceptions import HTTPException
@@ -19,7 +18,6 @@ from .routes import Routes
 bp = Blueprint("gateway", __name__, url_prefix="/v1")
 ENGINE_PATHS = {"chat/completions", "completions", "embeddings"}
 KEY_CACHE_SECONDS = 5
-KEY_CACHE_MAX = 10000
 FRESH_BEFORE_503_SECONDS = 0.25
 
 
@@ -44,10 +42,11 @@ def json_errors(app):
 
 
 def caches():
-    """Return this app's (routes, keys) caches: one set per app, so each worker and test has its own."""
+    """Return this app's (routes, keys, quota lookups), one set per app: per worker, per test."""
     got = current_app.extensions.get("llmgw.gateway")
     if got is None:
-        got = current_app.extensions["llmgw.gateway"] = (Routes(), {}, quota.Lookups())
+        got = current_app.extensions["llmgw.gateway"] = (
+            Routes(), quota.Lookups(ttl=KEY_CACHE_SECONDS), quota.Lookups())
     return got
 
 
@@ -58,15 +57,7 @@ def authenticate():
     if scheme.lower() != "bearer" or not token.strip():
         return None
     token = token.strip()
-    _keys = caches()[1]
-    cached = _keys.get(token)
-    if cached and time.monotonic() - cached[1] < KEY_CACHE_SECONDS:
-        return cached[0]
-    row = tenancy.lookup_key(token)
-    if len(_keys) > KEY_CACHE_MAX:  # a flood of made-up keys must not grow the worker
-        _keys.clear()
-    _keys[token] = (row, time.monotonic())
-    return row
+    return caches()[1].get(("key", token), lambda: tenancy.lookup_key(token))
 
 
 @bp.before_request
