@@ -20,7 +20,7 @@ from .models import EngineInstall, LogRequest, Model, Node, Replica, database, u
 from .plans import placement
 from .services import endpoints, logs, nodes
 from .services.install import Installer, converge_probed
-from .services.replicas import NodeReplicas, check_over_http, running_units
+from .services.replicas import NodeReplicas, check_over_http
 from .plans.launch import supervisor_for
 
 log = logging.getLogger("llmgw.reconciler")
@@ -53,7 +53,7 @@ class Reconciler:
     def __init__(self, conf):
         self.conf = conf
         self.transports = {}
-        self.running = {}
+        self.reachable = set()  # nodes SSH reached this pass
         self.tasks = {}
         e = conf["engines"]
         self.releases = ReleaseCache(e["cache"], e["github_api"], e["github_download"])
@@ -100,7 +100,7 @@ class Reconciler:
         self._spawn(("endpoints",), endpoints.check_all(self.conf["_root"]))
         self.place(list(Node.select()))
         for node in Node.select():
-            if node.id in self.running:
+            if node.id in self.reachable:
                 self._spawn(("install", node.id), self._installs(node.id))
                 self._spawn(("replicas", node.id), self._replicas(node.id))
             else:
@@ -116,16 +116,20 @@ class Reconciler:
             log.exception("looking at %s failed", node.name)
 
     async def _look(self, node):
-        """Discover when due and list running engines; a failure marks the node unreachable."""
+        """Reach the node (discovering it when due); a failure marks it unreachable.
+
+        What runs there is listed by its replicas task, when that task runs, not here.
+        """
         try:
             t = self.transport(node)
             if node.discovered is None or (utcnow() - node.discovered).total_seconds() > REDISCOVER_SECONDS:
                 await nodes.rediscover(node, t)
-            sup = supervisor_for(node.facts or {})
-            self.running[node.id] = await running_units(t, sup, node.base_dir)
+            else:
+                await t.check(["true"], what="reaching the node")
+            self.reachable.add(node.id)
             node.reachable, node.last_seen, node.last_error = True, utcnow(), ""
         except LlmgwError as e:
-            self.running.pop(node.id, None)
+            self.reachable.discard(node.id)
             stale = self.transports.pop(node.id, None)
             if stale is not None:
                 await stale.close()
@@ -183,7 +187,7 @@ class Reconciler:
         One replica whose model takes an hour to copy must not hold up the health of the rest.
         """
         node = Node.get_or_none(Node.id == node_id)
-        if node is None or node_id not in self.running:
+        if node is None or node_id not in self.reachable:
             return
         work = NodeReplicas(node, self.transport(node), self.conf)
         try:
