@@ -90,3 +90,18 @@ def test_archives_with_escaping_paths_or_links_are_read_as_unsafe(tmp_path):
     assert archive.refusals(archive.tar_members(bad)) == [
         "../../etc/cron.d/evil would unpack outside the install directory",
         "build/bin/libc.so is a link to /lib/x86_64-linux-gnu/libc.so.6, outside the install directory"]
+
+
+def test_a_model_url_is_fetched_once_and_held_to_its_checksum(github, tmp_path):
+    import hashlib
+    from llmgw.errors import InstallError
+    from llmgw.services.weights import local_copy
+    github.add_release("m", {"model.gguf": b"GGUF weights"})
+    url = f"{github.base_url}/{REPO}/releases/download/m/model.gguf"
+    good = hashlib.sha256(b"GGUF weights").hexdigest()
+    first = local_copy(url, tmp_path / "cache", good)
+    assert first.read_bytes() == b"GGUF weights" and local_copy(url, tmp_path / "cache", good) == first
+    assert github.counts["download"] == {"model.gguf": 1}
+    with pytest.raises(InstallError, match="the model model.gguf does not match the sha256 checksum"):
+        local_copy(url, tmp_path / "other", "0" * 64)
+    assert not list((tmp_path / "other").rglob("model.gguf*"))

@@ -97,28 +97,40 @@ class ReleaseCache:
         return path
 
     def _download(self, repo, tag, name, path, want, progress):
-        url = self.url(repo, tag, name)
-        part = path.with_name(path.name + ".partial")
-        h = hashlib.sha256()
-        try:
-            with requests.get(url, stream=True, timeout=self.timeout) as resp:
-                if resp.status_code != 200:
-                    raise ReleaseError(f"downloading {name} failed: {url} answered {resp.status_code}")
-                size = int(resp.headers.get("Content-Length") or 0)
-                progress(f"downloading {name}" + (f" ({size >> 20} MB)" if size else ""))
-                with open(part, "wb") as f:
-                    for chunk in resp.iter_content(1 << 20):
-                        f.write(chunk)
-                        h.update(chunk)
-        except requests.RequestException as e:
-            part.unlink(missing_ok=True)
-            raise ReleaseError(f"downloading {name} from {url} failed: {e}") from e
-        got = h.hexdigest()
-        if got != want:
-            part.unlink(missing_ok=True)
-            raise ReleaseError(f"{name} does not match the sha256 checksum its publisher gave "
-                               f"(got {got[:12]}…, expected {want[:12]}…); it was not installed")
-        os.replace(part, path)
+        download_checked(self.url(repo, tag, name), path, want, self.timeout, name,
+                         "its publisher gave", ReleaseError, progress, "it was not installed")
+
+
+def download_checked(url, target, want, timeout, what, whose, error, progress=None,
+                     outcome="it was not kept"):
+    """Download url into target, hashing as it arrives; keep it only when it matches want.
+
+    Written to target.partial first and renamed, so a cut-off or wrong download never lies in
+    the cache. want '' accepts any content. Returns the sha256 of what was kept.
+    """
+    part = target.with_name(target.name + ".partial")
+    h = hashlib.sha256()
+    try:
+        with requests.get(url, stream=True, timeout=timeout) as resp:
+            if resp.status_code != 200:
+                raise error(f"downloading {what} failed: {url} answered {resp.status_code}")
+            size = int(resp.headers.get("Content-Length") or 0)
+            if progress:
+                progress(f"downloading {what}" + (f" ({size >> 20} MB)" if size else ""))
+            with open(part, "wb") as f:
+                for chunk in resp.iter_content(1 << 20):
+                    f.write(chunk)
+                    h.update(chunk)
+    except requests.RequestException as e:
+        part.unlink(missing_ok=True)
+        raise error(f"downloading {what} from {url} failed: {e}") from e
+    got = h.hexdigest()
+    if want and got != want:
+        part.unlink(missing_ok=True)
+        raise error(f"{what} does not match the sha256 checksum {whose} "
+                    f"(got {got[:12]}…, expected {want[:12]}…); {outcome}")
+    os.replace(part, target)
+    return got
 
 
 def sha256_file(path):

@@ -5,10 +5,8 @@ import posixpath
 import urllib.parse
 from pathlib import Path
 
-import requests
-
 from ..errors import InstallError, LlmgwError
-from ..executors.release import sha256_file
+from ..executors.release import download_checked, sha256_file
 from ..executors.ssh import LONG_FILE_SECONDS
 from ..plans.placement import slug
 
@@ -32,25 +30,11 @@ def local_copy(source, cache_dir, sha256=""):
         return Path(where)
     name = posixpath.basename(urllib.parse.urlparse(where).path) or "model.gguf"
     target = Path(cache_dir) / "models" / hashlib.sha256(where.encode()).hexdigest()[:16] / name
-    if target.exists() and not sha256:
-        return target
     if target.exists() and (not sha256 or sha256_file(target) == sha256):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    part = target.with_name(name + ".partial")
-    try:
-        with requests.get(where, stream=True, timeout=60) as resp:
-            resp.raise_for_status()
-            with open(part, "wb") as f:
-                for chunk in resp.iter_content(1 << 20):
-                    f.write(chunk)
-    except requests.RequestException as e:
-        part.unlink(missing_ok=True)
-        raise InstallError(f"downloading the model from {where} failed: {e}") from e
-    if sha256 and sha256_file(part) != sha256:
-        part.unlink(missing_ok=True)
-        raise InstallError(f"the model from {where} does not match its sha256 {sha256[:12]}…")
-    part.replace(target)
+    download_checked(where, target, sha256, 60, f"the model {name}", "given with --sha256",
+                     InstallError)
     return target
 
 
