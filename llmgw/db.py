@@ -2,7 +2,7 @@
 import urllib.parse
 
 import peewee
-from playhouse.pool import PooledSqliteDatabase
+from playhouse.pool import PooledPostgresqlDatabase, PooledSqliteDatabase
 
 from .errors import ConfigError
 
@@ -18,19 +18,79 @@ def open_database(url):
         # timeout turns a short write collision into a wait instead of an error.
         # Pooled: a request (a greenlet under gevent) takes an open connection and gives it
         # back, instead of opening the file and setting its pragmas every time.
-        return PooledSqliteDatabase(path, max_connections=None, stale_timeout=600, pragmas={
+        # check_same_thread off: the pool hands a connection to one thread at a time, but not
+        # always to the thread that opened it (the settlement thread returns them too).
+        return PooledSqliteDatabase(path, max_connections=None, stale_timeout=600,
+                                    check_same_thread=False, pragmas={
             "journal_mode": "wal", "busy_timeout": 10000, "foreign_keys": 1,
             "synchronous": "normal"})
     if parsed.scheme in ("postgres", "postgresql"):
-        try:
-            return peewee.PostgresqlDatabase(
-                parsed.path.lstrip("/"), user=parsed.username, password=parsed.password,
-                host=parsed.hostname, port=parsed.port or 5432)
-        except peewee.ImproperlyConfigured as e:
-            raise ConfigError("database.url is PostgreSQL but no driver is installed; "
-                              "pip install psycopg2-binary") from e
+        return _postgresql(url)
     raise ConfigError(f"database.url {url!r} is neither sqlite:///PATH nor postgresql://…; "
                       f"fix it in the config file.")
+
+
+def postgres_params(url):
+    """Return psycopg2.connect() keywords for a postgresql:// URL, or raise ConfigError."""
+    try:
+        import psycopg2  # noqa: F401
+    except ImportError as e:
+        raise ConfigError("database.url is PostgreSQL but its driver is not installed; "
+                          "pip install 'llmgw[postgresql]' (psycopg2-binary) and start again.") from e
+    parsed = urllib.parse.urlparse(url)
+    name = urllib.parse.unquote(parsed.path.lstrip("/"))
+    if not name:
+        shown = parsed._replace(netloc=parsed.hostname or "").geturl()  # never echo a password
+        raise ConfigError(f"database.url {shown!r} names no database; write "
+                          f"postgresql://USER:PASSWORD@HOST:PORT/DATABASE in the config file.")
+    # Keepalives: a control plane cut off from the server finds out in seconds, not hours.
+    params = {"dbname": name, "host": parsed.hostname, "port": parsed.port or 5432,
+              "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 3,
+              "keepalives_count": 3, "connect_timeout": 10,
+              "application_name": "llmgw"}
+    if parsed.username:
+        params["user"] = urllib.parse.unquote(parsed.username)
+    if parsed.password:
+        params["password"] = urllib.parse.unquote(parsed.password)
+    params.update(urllib.parse.parse_qsl(parsed.query))  # ?sslmode=require and the like
+    return params
+
+
+def _postgresql(url):
+    params = postgres_params(url)
+    make_green_if_gevent()
+    return PooledPostgresqlDatabase(params.pop("dbname"), max_connections=None, stale_timeout=600,
+                                    **params)
+
+
+def _gevent_wait(conn, timeout=None):
+    """psycopg2's wait callback under gevent: yield to the hub while the server answers."""
+    from gevent.socket import wait_read, wait_write
+    from psycopg2 import OperationalError, extensions
+    while True:
+        state = conn.poll()
+        if state == extensions.POLL_OK:
+            return
+        if state == extensions.POLL_READ:
+            wait_read(conn.fileno(), timeout=timeout)
+        elif state == extensions.POLL_WRITE:
+            wait_write(conn.fileno(), timeout=timeout)
+        else:
+            raise OperationalError(f"unexpected state {state!r} from psycopg2's poll()")
+
+
+def make_green_if_gevent():
+    """Under gevent (the gunicorn workers), make psycopg2 wait cooperatively; without this one
+    slow query would stop every request of the worker."""
+    try:
+        from gevent import monkey
+    except ImportError:
+        return False
+    if not monkey.is_module_patched("socket"):
+        return False
+    from psycopg2 import extensions
+    extensions.set_wait_callback(_gevent_wait)
+    return True
 
 
 def bind(url):

@@ -45,7 +45,22 @@ def applied(db):
 
 
 def upgrade(db, directory=MIGRATIONS_DIR):
-    """Apply every pending migration, each in its own transaction; return the names applied."""
+    """Apply every pending migration, each in its own transaction; return the names applied.
+
+    On PostgreSQL several control planes may start at once: an advisory lock lets one migrate
+    while the others wait, then find nothing left to do.
+    """
+    if _dialect(db) != "postgres":
+        return _upgrade(db, directory)
+    from .leader import MIGRATION_KEY
+    db.execute_sql("SELECT pg_advisory_lock(%s)", (MIGRATION_KEY,))
+    try:
+        return _upgrade(db, directory)
+    finally:
+        db.execute_sql("SELECT pg_advisory_unlock(%s)", (MIGRATION_KEY,))
+
+
+def _upgrade(db, directory):
     words = DIALECT[_dialect(db)]
 
     def sql(text):

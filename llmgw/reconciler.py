@@ -6,7 +6,6 @@ reconciler leads at a time; others wait for the lock.
 """
 import asyncio
 import datetime
-import fcntl
 import logging
 import os
 import signal
@@ -14,6 +13,7 @@ import time
 from pathlib import Path
 
 from . import db as dbmod
+from . import leader
 from .errors import LlmgwError
 from .executors.release import ReleaseCache
 from .models import EngineInstall, LogRequest, Model, Node, Replica, database, utcnow
@@ -26,27 +26,9 @@ from .plans.launch import supervisor_for
 log = logging.getLogger("llmgw.reconciler")
 REDISCOVER_SECONDS = 300
 LOG_POLL_SECONDS = 0.25
-
-
-class LeaderLock:
-    """A file lock held for the reconciler's lifetime (SQLite: every reconciler shares the file)."""
-
-    def __init__(self, path):
-        self.path = Path(path)
-        self.fd = None
-
-    def try_acquire(self):
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return False
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self.fd = fd
-        return True
+STANDBY_POLL_SECONDS = 2
+LEAD_CHECK_SECONDS = 2
+LEAD_CHECK_TIMEOUT = 15
 
 
 class Reconciler:
@@ -274,26 +256,60 @@ def _seconds(n):
 
 
 def main(conf, once=False):
-    """Entry point of `flask llmgw reconcile`: take the lead, then reconcile until stopped."""
+    """Entry point of `flask llmgw reconcile`: take the lead, reconcile until stopped; if the
+    lead is lost (the database connection that holds it broke), stop all node work and stand
+    by until it can be taken again."""
     dbmod.bind(conf["database"]["url"])
-    lock = LeaderLock(Path(conf["_root"]) / "reconciler.lock")
-    while not lock.try_acquire():
-        log.info("another reconciler leads; standing by")
-        time.sleep(5)
-    database.connect(reuse_if_open=True)
-    rec = Reconciler(conf)
-
-    async def go():
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        if once:
-            for _ in range(2):
-                await rec.pass_once()
-                await rec.drain()
-            await rec.close()
+    lock = leader.lock_for(conf)
+    while True:
+        said = False
+        while not lock.try_acquire():
+            if not said:
+                log.info("another reconciler leads (%s); standing by", lock.describe())
+                said = True
+            time.sleep(STANDBY_POLL_SECONDS)
+        log.info("leading: pid %d holds %s", os.getpid(), lock.describe())
+        database.connect(reuse_if_open=True)
+        lost = asyncio.run(_lead(Reconciler(conf), lock, once))
+        if not database.is_closed():
+            database.close()
+        if not lost:
+            lock.release()
             return
-        await rec.run(stop)
+        log.warning("lost the lead; node work stopped, standing by")
 
-    asyncio.run(go())
+
+async def _lead(rec, lock, once):
+    """Reconcile while this process holds the lead; return True when the lead was lost."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if once:
+        for _ in range(2):
+            await rec.pass_once()
+            await rec.drain()
+        await rec.close()
+        return False
+    lost = False
+
+    async def watch():
+        nonlocal lost
+        while not stop.is_set():
+            await asyncio.sleep(LEAD_CHECK_SECONDS)
+            try:
+                held = await asyncio.wait_for(asyncio.to_thread(lock.holds), LEAD_CHECK_TIMEOUT)
+            except asyncio.TimeoutError:
+                log.warning("the database did not say within %d s whether this reconciler still "
+                            "leads; assuming not", LEAD_CHECK_TIMEOUT)
+                held = False
+            if not held:
+                lost = True
+                stop.set()
+
+    watcher = asyncio.create_task(watch())
+    try:
+        await rec.run(stop)
+    finally:
+        watcher.cancel()
+    return lost

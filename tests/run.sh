@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh Debian/Ubuntu machine: what it needs is installed first.
 # As root it installs the OS packages of the end-to-end tier (sshd nodes in network
-# namespaces, a real llama-server built once and cached, headless Chromium); without
-# root that tier is skipped with the reason and the fast tier still runs.
+# namespaces, a real llama-server built once and cached, headless Chromium, PostgreSQL);
+# without root that tier is skipped with the reason and the fast tier still runs. The fast
+# tier runs twice: on SQLite, then on a private PostgreSQL server when one can be started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export LLMGW_TEST_CACHE="${LLMGW_TEST_CACHE:-$HOME/.cache/llmgw-test}"
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  packages=(openssh-server iproute2 sudo chromium chromium-driver python3-venv build-essential cmake ninja-build)
+  packages=(openssh-server iproute2 sudo chromium chromium-driver python3-venv build-essential cmake ninja-build postgresql)
   missing=()
   for p in "${packages[@]}"; do
     dpkg-query -W -f='${db:Status-Abbrev}' "$p" 2>/dev/null | grep -q '^ii' || missing+=("$p")
@@ -32,6 +33,8 @@ if [ "$(id -u)" = 0 ]; then
 fi
 
 .venv/bin/python -m pytest -m "not e2e" -q
+# The fast tier again with every test's database on a private PostgreSQL server.
+.venv/bin/python -m tests.harness.pg .venv/bin/python -m pytest -m "not e2e" -q
 status=0
 .venv/bin/python -m pytest -m e2e -v "$@" || status=$?
 # 5 is pytest's "no tests collected", which a filtered run (-k) may legitimately hit.

@@ -1,0 +1,183 @@
+"""Two control planes on one real PostgreSQL: budgets and rpm exact across both (each with
+two gunicorn workers), one reconciler leading, and the other taking over when the leader's
+machine dies — adopting the engine it left running instead of starting a second one."""
+import concurrent.futures
+import datetime
+import os
+import re
+import shutil
+import signal
+import time
+
+import pytest
+import requests
+
+from tests.conftest import free_port
+from tests.e2e.conftest import ControlPlane, cli, wait_for
+from tests.harness import pg as pgharness
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def pg(tmp_path_factory):
+    reason = pgharness.missing_reason()
+    if reason:
+        pytest.skip(reason)
+    with pgharness.PostgresServer(tmp_path_factory.mktemp("pg")) as server:
+        yield server
+
+
+def _set(root, old, new):
+    path = root / "server.toml"
+    text = path.read_text()
+    assert old in text, old
+    path.write_text(text.replace(old, new, 1))
+
+
+@pytest.fixture(scope="module")
+def planes(pg, tmp_path_factory):
+    url = pg.create_database("ha")
+    work = tmp_path_factory.mktemp("ha")
+    a_root, b_root = work / "a", work / "b"
+    a_port, b_port, base = free_port(), free_port(), free_port()
+    cli(a_root, "init", "--listen", f"127.0.0.1:{a_port}")
+    _set(a_root, 'url = ""', f'url = "{url}"')
+    _set(a_root, "interval = 5", f'interval = 1\nport_range = "{base}-{base + 20}"')
+    _set(a_root, "[server]", "[server]\nworkers = 2")
+    # What an operator does for a second control plane: the same config (secret key
+    # included, so sessions hold on both) and the same secrets directory, another address.
+    shutil.copytree(a_root, b_root, ignore=shutil.ignore_patterns("*.log", "*.lock"))
+    _set(b_root, f"127.0.0.1:{a_port}", f"127.0.0.1:{b_port}")
+    cli(a_root, "init")  # migrates PostgreSQL (a second init finds it done)
+    cli(b_root, "init")
+    cli(a_root, "demo", "--no-serve", "--listen", f"127.0.0.1:{a_port}")
+    cli(a_root, "model", "add", "demo", "--engine", "sim", "--replicas", "1", "--arg=--token-delay",
+        "--arg=0.05")
+    key = cli(a_root, "keys", "create").stdout.strip()
+    cli(a_root, "prices", "set", "demo", "--prompt", "0", "--completion", "1")  # 0.001 a token
+    a, b = ControlPlane(a_root, a_port), ControlPlane(b_root, b_port)
+    try:
+        a.start()
+        b.start()
+        for plane in (a, b):
+            wait_for(f"a chat answer through {plane.url}", lambda: _chat(plane.url, key) == 200,
+                     timeout=90, every=0.5)
+        yield {"a": a, "b": b, "key": key, "pg": pg, "url": url}
+    finally:
+        for plane in (a, b):
+            plane.stop()
+        for pidfile in (a_root / "node" / "run").glob("llmgw-*.pid"):
+            try:
+                os.kill(int(pidfile.read_text()), signal.SIGTERM)
+            except (ProcessLookupError, ValueError):
+                pass
+
+
+def _chat(url, key, max_tokens=1):
+    try:
+        return requests.post(url + "/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                             json={"model": "demo", "max_tokens": max_tokens, "messages": []},
+                             timeout=10).status_code
+    except requests.RequestException:
+        return None
+
+
+def _fire(planes, n=50):
+    """n concurrent streams, every other one through each control plane."""
+    def one(i):
+        plane = planes["a" if i % 2 else "b"]
+        r = requests.post(plane.url + "/v1/chat/completions", stream=True, timeout=60,
+                          headers={"Authorization": f"Bearer {planes['key']}"},
+                          json={"model": "demo", "max_tokens": 10, "stream": True,
+                                "messages": [{"role": "user", "content": "go"}]})
+        return i % 2, r.status_code, r.content.decode()
+    with concurrent.futures.ThreadPoolExecutor(n) as pool:
+        return list(pool.map(one, range(n)))
+
+
+def _budget(planes):
+    out = planes["pg"].sql("SELECT COALESCE(SUM(used), 0), COALESCE(SUM(reserved), 0) FROM counter "
+                           "WHERE kind = 'budget' AND scope_kind = 'project'", database="ha")
+    used, reserved = out.split("|")
+    return float(used), float(reserved)
+
+
+def _leaders(planes):
+    return {name for name in ("a", "b")
+            if re.search(r"leading: pid \d+ holds the advisory lock",
+                         (planes[name].root / "serve.log").read_text())}
+
+
+def test_one_reconciler_leads_and_the_other_stands_by(planes):
+    wait_for("one leader", lambda: len(_leaders(planes)) == 1, timeout=30)
+    held = planes["pg"].sql("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted",
+                            database="ha")
+    assert held == "1"
+    standby = ({"a", "b"} - _leaders(planes)).pop()
+    assert "another reconciler leads" in (planes[standby].root / "serve.log").read_text()
+
+
+def test_a_budget_for_ten_admits_ten_of_fifty_across_two_control_planes(planes):
+    spent_before = _budget(planes)[0]
+    cli(planes["a"].root, "limits", "set", "--project", "default", "--budget",
+        f"{spent_before + 0.1:.6f}", "--period", "never")
+    time.sleep(1.5)  # workers read limits at most once a second
+    results = _fire(planes)
+    ok = [(side, body) for side, status, body in results if status == 200]
+    refused = [body for _, status, body in results if status == 429]
+    assert len(ok) == 10 and len(refused) == 40, [r[:2] for r in results if r[1] not in (200, 429)]
+    assert all(body.rstrip().endswith("data: [DONE]") for _, body in ok)
+    assert all("insufficient_quota" in body for body in refused)
+    used, reserved = wait_for("both control planes to settle", lambda: (
+        c := _budget(planes))[1] < 1e-9 and c, timeout=10, every=0.1)
+    assert used - spent_before == pytest.approx(0.1, abs=1e-9)
+    cli(planes["a"].root, "limits", "set", "--project", "default", "--budget", "0")
+
+
+def test_an_rpm_of_ten_admits_ten_of_fifty_across_two_control_planes(planes):
+    cli(planes["b"].root, "limits", "set", "--project", "default", "--rpm", "10")
+    time.sleep(1.5)
+    while datetime.datetime.now().second > 45:  # all fifty must land in one minute
+        time.sleep(1)
+    codes = [status for _, status, _ in _fire(planes)]
+    assert codes.count(200) == 10 and codes.count(429) == 40, codes
+    cli(planes["b"].root, "limits", "set", "--project", "default", "--rpm", "0")
+
+
+def test_the_standby_takes_over_when_the_leader_dies_and_adopts_its_engine(planes):
+    wait_for("one leader", lambda: len(_leaders(planes)) == 1, timeout=30)
+    first = _leaders(planes).pop()
+    second = "b" if first == "a" else "a"
+    engine_pid = int(next((planes["a"].root / "node" / "run").glob("llmgw-*.pid")).read_text())
+    planes[first].stop(signal.SIGKILL)  # its gunicorn and reconciler die without a word
+    wait_for("the standby to lead", lambda: second in _leaders(planes), timeout=30, every=0.5)
+    # The new leader's passes see the running engine as the replica's, not a stranger to replace.
+    time.sleep(4)
+    assert planes["pg"].sql("SELECT state FROM replica", database="ha") == "ready"
+    assert int(next((planes["a"].root / "node" / "run").glob("llmgw-*.pid")).read_text()) == engine_pid
+    os.kill(engine_pid, 0)
+    assert _chat(planes[second].url, planes["key"]) == 200
+    planes[first].start()  # back, as the standby now
+    wait_for("the old leader to stand by", lambda: "another reconciler leads" in
+             (planes[first].root / "serve.log").read_text().rsplit("llmgw serving on", 1)[-1],
+             timeout=30)
+
+
+def test_a_leader_whose_lock_connection_breaks_stops_and_one_leads_again(planes):
+    before = {n: (planes[n].root / "serve.log").read_text().count("leading: pid") for n in ("a", "b")}
+    engine_pid = int(next((planes["a"].root / "node" / "run").glob("llmgw-*.pid")).read_text())
+    # What a network cut looks like from the database's side: the session holding the lock ends.
+    assert planes["pg"].sql("SELECT count(pg_terminate_backend(pid)) FROM pg_locks "
+                            "WHERE locktype = 'advisory' AND granted", database="ha") == "1"
+    wait_for("the leader to notice", lambda: any(
+        "lost the lead" in (planes[n].root / "serve.log").read_text() for n in ("a", "b")), timeout=20)
+    wait_for("a leader again", lambda: sum(
+        (planes[n].root / "serve.log").read_text().count("leading: pid") for n in ("a", "b"))
+        == sum(before.values()) + 1, timeout=30, every=0.5)
+    held = planes["pg"].sql("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted",
+                            database="ha")
+    assert held == "1"
+    time.sleep(3)
+    assert int(next((planes["a"].root / "node" / "run").glob("llmgw-*.pid")).read_text()) == engine_pid
+    assert _chat(planes["a"].url, planes["key"]) == 200 and _chat(planes["b"].url, planes["key"]) == 200
