@@ -1,4 +1,5 @@
 """Fixtures in the flaskr style: a fresh control plane root and database per test."""
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,11 +15,30 @@ TOP = Path(__file__).resolve().parent.parent
 
 @pytest.fixture
 def root(tmp_path, monkeypatch):
-    """An empty llmgw root; LLMGW_ROOT points at it."""
+    """An empty llmgw root; LLMGW_ROOT points at it.
+
+    With LLMGW_TEST_POSTGRES=postgresql://USER@HOST:PORT (tests/run.sh sets it for a second
+    pass of the fast tier) each test gets a fresh database on that server instead of SQLite.
+    """
     r = tmp_path / "root"
     r.mkdir()
     monkeypatch.setenv("LLMGW_ROOT", str(r))
+    server = os.environ.get("LLMGW_TEST_POSTGRES")
+    if server:
+        monkeypatch.setenv("LLMGW_DATABASE_URL", _fresh_postgres_database(server))
     return r
+
+
+def _fresh_postgres_database(server):
+    import uuid
+    import psycopg2
+    name = "t_" + uuid.uuid4().hex[:16]
+    conn = psycopg2.connect(server.rstrip("/") + "/postgres")
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute(f"CREATE DATABASE {name}")
+    conn.close()
+    return server.rstrip("/") + "/" + name
 
 
 @pytest.fixture
@@ -28,7 +48,17 @@ def app(root):
     migrate.upgrade(database.obj)
     tenancy.ensure_default_project()
     yield app
+    settlement = app.extensions.get("llmgw.settlement")
+    if settlement:
+        settlement.close()  # before the next test binds another database
     database.close()
+
+
+def settle_now(app):
+    """Settle what the gateway has finished so far (it does so in batches every 100 ms)."""
+    from llmgw.web.relay import settlement
+    with app.app_context():
+        settlement().flush()
 
 
 @pytest.fixture

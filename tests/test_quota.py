@@ -7,7 +7,7 @@ import pytest
 from llmgw.models import Counter, LimitRule, Model, Price, Project, Usage
 from llmgw.plans import quota
 from llmgw.services import tenancy
-from tests.conftest import reconcile
+from tests.conftest import reconcile, settle_now
 
 NOW = datetime.datetime(2026, 11, 29, 19, 30, 15)
 DEFAULTS = {"default_rpm": 0, "default_tpm": 0, "default_budget": 5.0, "default_period": "day",
@@ -63,6 +63,7 @@ def test_usage_is_read_from_a_stream_and_stripped_when_not_asked_for(served, cli
                  stream_options={"include_usage": True}).get_data(as_text=True)
     events = [json.loads(e[6:]) for e in asked.split("\n\n") if e.startswith("data: {")]
     assert events[-1]["usage"]["completion_tokens"] == 5 and events[-1]["choices"] == []
+    settle_now(client.application)
     rows = list(Usage.select().order_by(Usage.id))
     assert [(u.completion_tokens, u.status) for u in rows] == [(5, 200), (5, 200)]
 
@@ -78,6 +79,7 @@ def test_a_budget_refuses_with_429_naming_the_scope(served, client):
     err = refused.get_json()["error"]
     assert err["code"] == "insufficient_quota" and "project 'default'" in err["message"]
     assert int(refused.headers["Retry-After"]) > 0
+    settle_now(client.application)
     spent = Counter.get(Counter.kind == "budget")
     assert (spent.used, spent.reserved) == (10, 0)
 
@@ -109,6 +111,7 @@ def test_the_quotas_page_says_budgets_cannot_bind_without_prices(client, auth):
 
 def test_a_project_s_usage_page_shows_its_requests(served, client, auth):
     chat(client, served["headers"], max_tokens=4)
+    settle_now(client.application)
     auth.login(password=auth.password)
     page = client.get("/usage/default").get_data(as_text=True)
     assert "<td>demo</td><td>1</td>" in page
@@ -121,6 +124,7 @@ def test_a_model_without_a_replica_is_served_by_its_fallback_and_says_so(served,
     resp = client.post("/v1/chat/completions", headers=served["headers"], buffered=True, json={
         "model": "big", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]})
     assert resp.status_code == 200 and resp.headers["X-Llmgw-Model"] == "demo"
+    settle_now(client.application)
     assert Usage.select().order_by(Usage.id.desc()).get().model == "demo"
     _, only_big = tenancy.create_key("default", models=["big"])
     refused = client.post("/v1/chat/completions", headers={"Authorization": f"Bearer {only_big}"},

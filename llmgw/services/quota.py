@@ -1,6 +1,7 @@
 """Admission against rpm, tpm and budgets at every scope, reserved atomically and settled after.
 
-One short transaction per request on each side. SQLite takes its write lock at BEGIN
+One short transaction per request at admission (none when no limit binds); settling is
+batched off the request path (services/settlement.py). SQLite takes its write lock at BEGIN
 IMMEDIATE, so every gunicorn worker (and process) sees the others' reservations; on
 PostgreSQL the counter rows are locked with SELECT … FOR UPDATE.
 """
@@ -10,7 +11,7 @@ from dataclasses import dataclass, field
 import peewee
 
 from ..errors import LlmgwError
-from ..models import Counter, LimitRule, Org, Price, Project, Team, Usage, database, utcnow
+from ..models import Counter, LimitRule, Org, Price, Project, Team, database, utcnow
 from ..plans import quota
 
 
@@ -50,7 +51,8 @@ def scopes_of(key):
             ("team", project.team.id, project.team.name), ("org", project.team.org.id, project.team.org.name)]
 
 
-def _transaction():
+def transaction():
+    """A write transaction that takes its locks up front (SQLite) or row by row (PostgreSQL)."""
     if isinstance(database.obj, peewee.SqliteDatabase):
         return database.atomic("IMMEDIATE")
     return database.atomic()
@@ -66,6 +68,7 @@ def _counter(kind, scope_kind, scope_id, slot):
 
 
 MAX_ENTRIES = 10000
+KIND_ORDER = {"rpm": 0, "tpm": 1, "budget": 2}
 
 
 class Lookups:
@@ -103,14 +106,15 @@ def reserve(key, model, body, conf, now=None, lookups=None):
     limits = quota.effective(rules, conf["limits"])
     if not any(lim.rpm or lim.tpm or lim.budget for lim in limits.values()):
         return res
-    with _transaction():
+    with transaction():
         plan = []
-        for kind, sid, name in scopes:
-            plan += _check(kind, sid, name, limits[kind], res, now)
-        for counter, column, amount, what in plan:
+        for rank, (kind, sid, name) in enumerate(scopes):
+            plan += [(rank, sid, *step) for step in _check(kind, sid, name, limits[kind], res, now)]
+        for rank, sid, counter, column, amount, what in plan:
             Counter.update({column: getattr(Counter, column) + amount}).where(
                 Counter.id == counter.id).execute()
-            res.counters.append((counter.id, what))
+            # The order rows were locked in: settling in the same order cannot deadlock with it.
+            res.counters.append(((rank, sid, KIND_ORDER[what]), counter.id, what))
     return res
 
 
@@ -141,25 +145,6 @@ def _check(kind, sid, name, lim, res, now):
                                 wait or 3600)
         plan.append((c, "reserved", res.cost, "budget"))
     return plan
-
-
-def settle(res, prompt_tokens, completion_tokens, status, endpoint=""):
-    """Replace the reservation by what the request really used, and record its usage."""
-    actual = quota.cost(prompt_tokens, completion_tokens, res.price)
-    with _transaction():
-        for counter_id, what in res.counters:
-            if what == "tpm":
-                Counter.update(reserved=Counter.reserved - res.tokens,
-                               used=Counter.used + prompt_tokens + completion_tokens).where(
-                    Counter.id == counter_id).execute()
-            elif what == "budget":
-                Counter.update(reserved=Counter.reserved - res.cost, used=Counter.used + actual).where(
-                    Counter.id == counter_id).execute()
-        Usage.create(key_id=res.key_id, project_id=res.project_id, model=res.model,
-                     prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, cost=actual,
-                     latency_ms=int((time.monotonic() - res.started) * 1000), status=status,
-                     endpoint=endpoint)
-    return actual
 
 
 def allowed(key, model):

@@ -4,14 +4,23 @@ import json
 import requests
 from flask import Response, current_app, stream_with_context
 
-from ..services import quota
+from ..services.settlement import Settlement
 from .openai_errors import error
 from .usage_stream import UsageTap, ask_for_usage
+
+
+def settlement():
+    """Return this app's Settlement (one per worker process, or per test app)."""
+    got = current_app.extensions.get("llmgw.settlement")
+    if got is None:
+        got = current_app.extensions["llmgw.settlement"] = Settlement()
+    return got
 
 
 def forward(endpoints, path, body, reservation, routes):
     """Send the request to the first endpoint that answers; relay its response as it comes."""
     g = current_app.config["LLMGW"]["gateway"]
+    settle = settlement().add
     stream = bool(body.get("stream"))
     wants_usage = True
     if stream:
@@ -30,12 +39,13 @@ def forward(endpoints, path, body, reservation, routes):
             routes.inflight[endpoint] -= 1
             last = e
             continue  # nothing reached the client yet, so another replica may answer
-        return _relay(upstream, endpoint, routes, reservation, UsageTap(wants_usage) if stream else None)
-    quota.settle(reservation, 0, 0, 502)
+        return _relay(upstream, endpoint, routes, reservation, UsageTap(wants_usage) if stream else None,
+                      settle)
+    settle(reservation, 0, 0, 502)
     return error(502, f"No replica answered ({last}).", "server_error", "upstream_unreachable")
 
 
-def _relay(upstream, endpoint, routes, reservation, tap):
+def _relay(upstream, endpoint, routes, reservation, tap, settle):
     status = upstream.status_code
 
     def body():
@@ -59,7 +69,7 @@ def _relay(upstream, endpoint, routes, reservation, tap):
         finally:
             upstream.close()  # on a disconnect this is what stops the engine generating
             routes.inflight[endpoint] -= 1
-            _settle(reservation, usage, tap, outcome, endpoint)
+            settle(reservation, *_billed(usage, tap, outcome), outcome, endpoint)
 
     headers = {"Content-Type": upstream.headers.get("Content-Type", "application/json"),
                "X-Accel-Buffering": "no", "Cache-Control": "no-cache",
@@ -75,13 +85,11 @@ def _usage_of(content):
     return usage if isinstance(usage, dict) else None
 
 
-def _settle(reservation, usage, tap, status, endpoint):
-    """Bill what the engine says it used; without its word, what was seen to be generated."""
+def _billed(usage, tap, status):
+    """Return (prompt, completion) tokens to bill: what the engine says it used; without its
+    word, what was seen to be generated."""
     if usage:
-        prompt = int(usage.get("prompt_tokens") or 0)
-        completion = int(usage.get("completion_tokens") or 0)
-    elif status >= 400 and status != 499:
-        prompt, completion = 0, 0
-    else:
-        prompt, completion = 0, tap.content_events if tap else 0
-    quota.settle(reservation, prompt, completion, status, endpoint)
+        return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+    if status >= 400 and status != 499:
+        return 0, 0
+    return 0, tap.content_events if tap else 0

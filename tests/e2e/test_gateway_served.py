@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from tests.conftest import TOP, free_port
-from tests.e2e.conftest import cli, stop_served
+from tests.e2e.conftest import cli, stop_served, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -88,7 +88,9 @@ def test_a_budget_for_ten_streams_admits_exactly_ten_of_fifty(plane):
     assert len(ok) == 10 and len(refused) == 40, [(s, b[:300]) for s, b in results if s not in (200, 429)][:2]
     assert all(b.rstrip().endswith("data: [DONE]") for b in ok)
     assert all("insufficient_quota" in b for b in refused)
-    used, reserved = counters(plane["root"], "budget")
+    # Each worker settles what has finished every 100 ms, in one transaction.
+    used, reserved = wait_for("the workers to settle", lambda: (
+        c := counters(plane["root"], "budget"))[1] < 1e-9 and c, timeout=10, every=0.1)
     assert reserved == pytest.approx(0, abs=1e-9)
     assert used - spent_before == pytest.approx(0.1)
     cli(plane["root"], "limits", "set", "--project", "default", "--budget", "0")

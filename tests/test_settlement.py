@@ -1,0 +1,65 @@
+"""Settling off the request path: reservations held until a batch is written, one transaction
+for many requests, nothing lost when the database refuses a batch."""
+from llmgw.models import Counter, LimitRule, Price, Project, Usage, database
+from llmgw.services import quota, tenancy
+from llmgw.services.settlement import Settlement
+
+
+def _limited(app, budget=1.0, tpm=0):
+    Price.create(model="demo", prompt_per_1k=0, completion_per_1k=10)  # 0.01 a token
+    project = Project.get(Project.name == "default")
+    LimitRule.create(scope_kind="project", scope_id=project.id, budget=budget, tpm=tpm, period="day")
+    key, _ = tenancy.create_key("default")
+    return key
+
+
+def _reserve(app, key, max_tokens=10):
+    body = {"model": "demo", "max_tokens": max_tokens, "messages": [{"role": "user", "content": "hi"}]}
+    return quota.reserve(key, "demo", body, app.config["LLMGW"])
+
+
+def _budget():
+    c = Counter.get(Counter.kind == "budget", Counter.scope_kind == "project")
+    return round(c.used, 9), round(c.reserved, 9)
+
+
+def test_a_reservation_is_held_until_its_batch_is_written(app):
+    key = _limited(app, budget=1.0, tpm=10_000)
+    s = Settlement(flush_seconds=3600)  # no background flush within the test
+    held = [_reserve(app, key) for _ in range(5)]
+    assert _budget() == (0, 0.5)
+    for res in held:
+        s.add(res, 7, 3, 200, "http://e")  # 3 of the 10 tokens it might have used
+    assert _budget() == (0, 0.5) and Usage.select().count() == 0  # nothing written yet: strict
+    assert s.flush() == 5
+    assert _budget() == (0.15, 0)
+    tpm = Counter.get(Counter.kind == "tpm", Counter.scope_kind == "project")
+    assert (tpm.used, tpm.reserved) == (50, 0)
+    rows = list(Usage.select().order_by(Usage.id))
+    assert [(u.prompt_tokens, u.completion_tokens, u.status) for u in rows] == [(7, 3, 200)] * 5
+    assert all(abs(u.cost - 0.03) < 1e-9 for u in rows)
+
+
+def test_a_batch_the_database_refuses_is_kept_and_written_later(app):
+    key = _limited(app)
+    s = Settlement(flush_seconds=3600)
+    s.add(_reserve(app, key), 0, 4, 200)
+    database.execute_sql("ALTER TABLE usage RENAME TO usage_away")
+    try:
+        assert s.flush() == 0
+        assert _budget() == (0, 0.1)  # the transaction rolled back whole: still held
+    finally:
+        database.execute_sql("ALTER TABLE usage_away RENAME TO usage")
+    assert s.flush() == 1
+    assert _budget() == (0.04, 0) and Usage.get().completion_tokens == 4
+
+
+def test_the_background_thread_settles_within_a_flush_interval(app):
+    key = _limited(app)
+    s = Settlement(flush_seconds=0.05)
+    s.add(_reserve(app, key), 0, 2, 200)
+    import time
+    deadline = time.monotonic() + 5
+    while Usage.select().count() == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert Usage.select().count() == 1 and _budget() == (0.02, 0)
