@@ -61,7 +61,9 @@ DEFAULTS = {
     },
     "gateway": {
         "connect_timeout": 5,
+        "first_byte_timeout": 300,
         "read_timeout": 600,
+        "generation_timeout": 1800,
         "route_cache_seconds": 2,
     },
 }

@@ -63,6 +63,7 @@ class Handler(BaseHTTPRequestHandler):
         if self.path not in ("/v1/chat/completions", "/v1/completions"):
             return self._json(404, {"error": {"message": "not found", "type": "not_found_error"}})
         chat = self.path.endswith("chat/completions")
+        time.sleep(self.server.first_byte_delay)
         prompt = prompt_of(body)
         n = max(1, min(int(body.get("max_tokens") or 16), 4096))
         words = words_for(prompt, n)
@@ -130,6 +131,8 @@ def main(argv=None):
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8081)
     p.add_argument("--token-delay", type=float, default=0.02, help="seconds between streamed tokens")
+    p.add_argument("--first-byte-delay", type=float, default=0.0,
+                   help="seconds before answering at all (a long prompt being read)")
     p.add_argument("--version", action="store_true")
     args = p.parse_args(argv)
     if args.version:
@@ -138,7 +141,7 @@ def main(argv=None):
     ThreadingHTTPServer.request_queue_size = 256  # the default backlog of 5 refuses bursts
     server = ThreadingHTTPServer((args.host, args.port), Handler)
     server.daemon_threads = True
-    server.model, server.delay = args.model, args.token_delay
+    server.model, server.delay, server.first_byte_delay = args.model, args.token_delay, args.first_byte_delay
     print("sim: serving %s on %s:%d" % (args.model, args.host, args.port), flush=True)
     server.serve_forever()
     return 0

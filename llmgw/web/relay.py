@@ -1,7 +1,9 @@
 """Send an admitted request to a replica and relay the answer unbuffered, metering what it used."""
 import json
+import time
 
 import requests
+from urllib3.exceptions import ReadTimeoutError
 from flask import Response, current_app, stream_with_context
 
 from ..services.settlement import Settlement
@@ -17,6 +19,11 @@ def settlement():
     return got
 
 
+class UpstreamTimeout(Exception):
+    """The replica went quiet for longer than gateway.read_timeout, or its whole answer took
+    longer than gateway.generation_timeout."""
+
+
 def forward(endpoints, path, body, reservation, routes):
     """Send the request to the first endpoint that answers; relay its response as it comes."""
     g = current_app.config["LLMGW"]["gateway"]
@@ -26,6 +33,9 @@ def forward(endpoints, path, body, reservation, routes):
     if stream:
         body, wants_usage = ask_for_usage(body)
     data = json.dumps(body).encode()
+    deadline = time.monotonic() + g["generation_timeout"]
+    # A stream's headers come before the first token; a whole answer's come after the last.
+    wait_first = g["first_byte_timeout"] if stream else g["generation_timeout"]
     last = None
     for endpoint in endpoints[:3]:
         routes.inflight[endpoint] = routes.inflight.get(endpoint, 0) + 1
@@ -34,47 +44,106 @@ def forward(endpoints, path, body, reservation, routes):
             if endpoint in routes.auth:
                 headers["Authorization"] = routes.auth[endpoint]
             upstream = routes.http.post(f"{endpoint}/{path}", data=data, stream=True, headers=headers,
-                                     timeout=(g["connect_timeout"], g["read_timeout"]))
+                                        timeout=(g["connect_timeout"], wait_first))
+        except requests.ReadTimeout:
+            # It took the request and may be working on it: another replica would do it twice.
+            routes.inflight[endpoint] -= 1
+            settle(reservation, 0, 0, 504, endpoint)
+            which = "gateway.first_byte_timeout" if stream else "gateway.generation_timeout"
+            return error(504, f"The replica did not start answering within {wait_first:g} s ({which}).",
+                         "server_error", "upstream_timeout")
         except requests.RequestException as e:
             routes.inflight[endpoint] -= 1
             last = e
             continue  # nothing reached the client yet, so another replica may answer
-        return _relay(upstream, endpoint, routes, reservation, UsageTap(wants_usage) if stream else None,
-                      settle)
+        if stream:
+            return _relay(upstream, endpoint, routes, reservation, UsageTap(wants_usage), settle,
+                          deadline, g)
+        return _whole(upstream, endpoint, routes, reservation, settle, deadline, g)
     settle(reservation, 0, 0, 502)
     return error(502, f"No replica answered ({last}).", "server_error", "upstream_unreachable")
 
 
-def _relay(upstream, endpoint, routes, reservation, tap, settle):
+def _headers(upstream, reservation):
+    return {"Content-Type": upstream.headers.get("Content-Type", "application/json"),
+            "X-Accel-Buffering": "no", "Cache-Control": "no-cache",
+            "X-Llmgw-Model": reservation.model}  # which model served it (a fallback, maybe)
+
+
+def _socket_of(upstream):
+    """Return the socket a response is read from, to set its timeout as the answer goes on."""
+    sock = getattr(getattr(upstream.raw, "connection", None), "sock", None)
+    if sock is None:  # a response that closes its connection keeps the socket itself
+        fp = getattr(getattr(upstream.raw, "_fp", None), "fp", None)
+        sock = getattr(getattr(fp, "raw", None), "_sock", None)
+    return sock
+
+
+def _read(upstream, sock, deadline, g):
+    """Return what has arrived from upstream (b"" at the end), within both timeouts."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise UpstreamTimeout(f"the answer took longer than {g['generation_timeout']:g} s "
+                              f"(gateway.generation_timeout)")
+    if sock is not None:
+        sock.settimeout(min(g["read_timeout"], left))
+    try:
+        # read1 returns what has arrived instead of waiting for a full buffer.
+        return upstream.raw.read1(65536, decode_content=True)
+    except (ReadTimeoutError, TimeoutError) as e:
+        if deadline - time.monotonic() <= 0.05:
+            raise UpstreamTimeout(f"the answer took longer than {g['generation_timeout']:g} s "
+                                  f"(gateway.generation_timeout)") from e
+        raise UpstreamTimeout(f"the replica sent nothing for {g['read_timeout']:g} s "
+                              f"(gateway.read_timeout)") from e
+
+
+def _whole(upstream, endpoint, routes, reservation, settle, deadline, g):
+    """A response that is not a stream: read it all, then answer (or 504 with why)."""
+    status, usage = upstream.status_code, None
+    try:
+        parts, sock = [], _socket_of(upstream)
+        while chunk := _read(upstream, sock, deadline, g):
+            parts.append(chunk)
+        content = b"".join(parts)
+        usage = _usage_of(content)
+    except UpstreamTimeout as e:
+        status = 504
+        return error(504, f"The replica did not finish: {e}.", "server_error", "upstream_timeout")
+    finally:
+        upstream.close()
+        routes.inflight[endpoint] -= 1
+        settle(reservation, *_billed(usage, None, status), status, endpoint)
+    return Response(content, status=status, headers=_headers(upstream, reservation))
+
+
+def _relay(upstream, endpoint, routes, reservation, tap, settle, deadline, g):
     status = upstream.status_code
 
     def body():
-        usage, outcome = None, 499  # until the end is reached, the client went away
+        outcome = 499  # until the end is reached, the client went away
+        sock = _socket_of(upstream)
         try:
-            if tap is None:
-                content = upstream.content
-                usage = _usage_of(content)
-                yield content
-            else:
-                # read1 returns what has arrived instead of waiting for a full buffer.
-                while chunk := upstream.raw.read1(65536, decode_content=True):
-                    out = tap.feed(chunk)
-                    if out:
-                        yield out
-                rest = tap.flush()
-                if rest:
-                    yield rest
-                usage = tap.usage
+            while chunk := _read(upstream, sock, deadline, g):
+                out = tap.feed(chunk)
+                if out:
+                    yield out
+            rest = tap.flush()
+            if rest:
+                yield rest
             outcome = status
+        except UpstreamTimeout as e:
+            outcome = 504
+            # Mid-stream, the status has gone: OpenAI's clients read an error event instead.
+            event = {"error": {"message": f"The replica did not finish: {e}.", "type": "server_error",
+                               "param": None, "code": "upstream_timeout"}}
+            yield b"data: " + json.dumps(event).encode() + b"\n\n"
         finally:
             upstream.close()  # on a disconnect this is what stops the engine generating
             routes.inflight[endpoint] -= 1
-            settle(reservation, *_billed(usage, tap, outcome), outcome, endpoint)
+            settle(reservation, *_billed(tap.usage, tap, outcome), outcome, endpoint)
 
-    headers = {"Content-Type": upstream.headers.get("Content-Type", "application/json"),
-               "X-Accel-Buffering": "no", "Cache-Control": "no-cache",
-               "X-Llmgw-Model": reservation.model}  # which model served it (a fallback, maybe)
-    return Response(stream_with_context(body()), status=status, headers=headers)
+    return Response(stream_with_context(body()), status=status, headers=_headers(upstream, reservation))
 
 
 def _usage_of(content):
@@ -87,9 +156,9 @@ def _usage_of(content):
 
 def _billed(usage, tap, status):
     """Return (prompt, completion) tokens to bill: what the engine says it used; without its
-    word, what was seen to be generated."""
+    word, what was seen to be generated (a stream cut short by the client or a timeout)."""
     if usage:
         return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
-    if status >= 400 and status != 499:
-        return 0, 0
-    return 0, tap.content_events if tap else 0
+    if tap is not None and (status < 400 or status in (499, 504)):
+        return 0, tap.content_events
+    return 0, 0
