@@ -69,7 +69,7 @@ flaskw() { $PY -m flask --app llmgw:create_app llmgw "$@" --root "$ROOT"; }
 worker_pids() {  # gunicorn workers: children of the gunicorn master, itself a child of `serve`
   local master
   for master in $(ps -o pid= --ppid "$SERVE" 2>/dev/null); do
-    grep -q gunicorn "/proc/$master/cmdline" 2>/dev/null && ps -o pid= --ppid "$master"
+    grep -q gunicorn "/proc/$master/cmdline" 2>/dev/null && ps -o pid= --ppid "$master" | tr -d " "
   done
 }
 rss() {  # rss LABEL: VmRSS (kB) of each worker, one JSON line

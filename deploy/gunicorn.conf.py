@@ -8,12 +8,14 @@ worker_class = "gevent"
 worker_connections = 2000
 # Recycle workers now and then, staggered so two never restart together (DESIGN.md:
 # a recycled worker resets a few not-yet-started connections).
-max_requests = 100000
-max_requests_jitter = 10000
+max_requests = 1000000
+max_requests_jitter = 100000
 # Long generations stream for minutes; gevent workers heartbeat independently of requests.
 timeout = 120
 graceful_timeout = 30
 keepalive = 5
 # gunicorn 27 otherwise creates ~/.gunicorn/gunicorn.ctl.
 control_socket_disable = True
-accesslog = "-"
+# Off unless server.access_log names a file ("-": standard output). Every /v1 request is a
+# usage row already (key, model, status, latency); a log line for it costs a twentieth of its CPU.
+accesslog = _conf["server"]["access_log"] or None

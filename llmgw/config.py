@@ -23,6 +23,7 @@ DEFAULTS = {
         "workers": 2,
         "secret_key": "",
         "public_url": "",
+        "access_log": "",
     },
     "database": {"url": ""},
     "ssh": {

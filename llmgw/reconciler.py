@@ -10,7 +10,6 @@ import logging
 import os
 import signal
 import time
-from pathlib import Path
 
 from . import db as dbmod
 from . import leader

@@ -42,3 +42,20 @@ def test_an_endpoint_that_does_not_answer_is_not_routed_and_says_why(app, runner
 def test_a_bad_url_is_refused_by_name(runner, root, app):
     out = runner.invoke(llmgw, ["endpoint", "add", "e", "--url", "ftp://x", "--model", "m", "--root", str(root)])
     assert out.exit_code != 0 and "--url 'ftp://x' is not an http(s) URL" in out.output
+
+
+def test_a_replica_that_refuses_the_connection_is_passed_over_for_the_next(app, client, sim_engine):
+    from tests.conftest import free_port
+    dead = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
+    Endpoint.create(name="dead", url=dead, models=["sim"], state="ready")
+    Endpoint.create(name="live", url=sim_engine + "/v1", models=["sim"], state="ready")
+    _, key = tenancy.create_key("default")
+    headers = {"Authorization": f"Bearer {key}"}
+    body = {"model": "sim", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+    for _ in range(4):  # whichever the router tries first, the answer comes from the live one
+        resp = client.post("/v1/chat/completions", headers=headers, json=body)
+        assert resp.status_code == 200, resp.get_data(as_text=True)
+    Endpoint.delete().where(Endpoint.name == "live").execute()
+    time.sleep(2.1)  # past the route cache
+    resp = client.post("/v1/chat/completions", headers=headers, json=body)
+    assert resp.status_code == 502 and resp.get_json()["error"]["code"] == "upstream_unreachable"

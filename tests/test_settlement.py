@@ -63,3 +63,15 @@ def test_the_background_thread_settles_within_a_flush_interval(app):
     while Usage.select().count() == 0 and time.monotonic() < deadline:
         time.sleep(0.02)
     assert Usage.select().count() == 1 and _budget() == (0.02, 0)
+
+
+def test_usage_rows_read_back_as_peewee_writes_them(app):
+    import datetime
+    key = _limited(app)
+    s = Settlement(flush_seconds=3600)
+    before = datetime.datetime.now(datetime.timezone.utc).replace(tzinfo=None)
+    s.add(_reserve(app, key), 3, 2, 200, "http://e/v1")
+    s.flush()
+    u = Usage.get()
+    assert isinstance(u.created, datetime.datetime) and abs((u.created - before).total_seconds()) < 5
+    assert (u.key_id, u.model, u.endpoint, u.latency_ms >= 0) == (key.id, "demo", "http://e/v1", True)

@@ -14,7 +14,9 @@ import threading
 import time
 from collections import defaultdict
 
-from ..models import Counter, Usage, database
+import peewee
+
+from ..models import Counter, Usage, database, utcnow
 from ..plans import quota
 from .quota import transaction
 
@@ -42,7 +44,7 @@ class Settlement:
         """Queue one finished request; return its real cost."""
         actual = quota.cost(prompt_tokens, completion_tokens, res.price)
         item = (res, prompt_tokens, completion_tokens, actual, status, endpoint,
-                int((time.monotonic() - res.started) * 1000))
+                int((time.monotonic() - res.started) * 1000), utcnow())
         with self.lock:
             self.pending.append(item)
             if len(self.pending) > MAX_PENDING:
@@ -107,10 +109,29 @@ class Settlement:
             done += len(batch)
 
 
+USAGE_COLUMNS = ("key_id", "project_id", "model", "prompt_tokens", "completion_tokens", "cost",
+                 "latency_ms", "status", "endpoint", "created")
+
+
+def _stamp(when):
+    # What peewee stores for a DateTimeField: SQLite keeps text, PostgreSQL a timestamp.
+    return str(when) if isinstance(database.obj, peewee.SqliteDatabase) else when
+
+
+def _insert_usage(rows):
+    """One prepared INSERT run for every row (peewee would build the SQL text row by row)."""
+    if not rows:
+        return
+    db = database.obj
+    marks = ", ".join([db.param] * len(USAGE_COLUMNS))
+    sql = f'INSERT INTO "{Usage._meta.table_name}" ({", ".join(USAGE_COLUMNS)}) VALUES ({marks})'
+    db.cursor().executemany(sql, rows)
+
+
 def _write(batch):
     deltas = defaultdict(lambda: [0, 0])  # (order, counter id) -> [reserved change, used change]
-    rows = []
-    for res, prompt, completion, actual, status, endpoint, latency in batch:
+    rows = []  # in USAGE_COLUMNS order
+    for res, prompt, completion, actual, status, endpoint, latency, ended in batch:
         for order, counter_id, what in res.counters:
             if what == "tpm":
                 d = deltas[(order, counter_id)]
@@ -120,9 +141,8 @@ def _write(batch):
                 d = deltas[(order, counter_id)]
                 d[0] -= res.cost
                 d[1] += actual
-        rows.append({"key_id": res.key_id, "project_id": res.project_id, "model": res.model,
-                         "prompt_tokens": prompt, "completion_tokens": completion, "cost": actual,
-                     "latency_ms": latency, "status": status, "endpoint": endpoint})
+        rows.append((res.key_id, res.project_id, res.model, prompt, completion, actual, latency,
+                     status, endpoint, _stamp(ended)))
     opened = database.is_closed()
     if opened:
         database.connect()
@@ -131,8 +151,7 @@ def _write(batch):
             for (_, counter_id), (reserved, used) in sorted(deltas.items()):
                 Counter.update(reserved=Counter.reserved + reserved, used=Counter.used + used).where(
                     Counter.id == counter_id).execute()
-            for i in range(0, len(rows), 200):
-                Usage.insert_many(rows[i:i + 200]).execute()
+            _insert_usage(rows)
     finally:
         if opened:
             database.close()

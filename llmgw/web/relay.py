@@ -2,12 +2,12 @@
 import json
 import time
 
-import requests
-from urllib3.exceptions import ReadTimeoutError
 from flask import Response, current_app, stream_with_context
+from urllib3.exceptions import HTTPError, ReadTimeoutError
 
 from ..services.settlement import Settlement
 from .openai_errors import error
+from .upstream_http import finish
 from .usage_stream import UsageTap, ask_for_usage
 
 
@@ -43,16 +43,16 @@ def forward(endpoints, path, body, reservation, routes):
             headers = {"Content-Type": "application/json"}
             if endpoint in routes.auth:
                 headers["Authorization"] = routes.auth[endpoint]
-            upstream = routes.http.post(f"{endpoint}/{path}", data=data, stream=True, headers=headers,
-                                        timeout=(g["connect_timeout"], wait_first))
-        except requests.ReadTimeout:
+            upstream = routes.http.post(f"{endpoint}/{path}", data, headers, g["connect_timeout"],
+                                        wait_first)
+        except ReadTimeoutError:
             # It took the request and may be working on it: another replica would do it twice.
             routes.inflight[endpoint] -= 1
             settle(reservation, 0, 0, 504, endpoint)
             which = "gateway.first_byte_timeout" if stream else "gateway.generation_timeout"
             return error(504, f"The replica did not start answering within {wait_first:g} s ({which}).",
                          "server_error", "upstream_timeout")
-        except requests.RequestException as e:
+        except (HTTPError, OSError) as e:
             routes.inflight[endpoint] -= 1
             last = e
             continue  # nothing reached the client yet, so another replica may answer
@@ -72,9 +72,9 @@ def _headers(upstream, reservation):
 
 def _socket_of(upstream):
     """Return the socket a response is read from, to set its timeout as the answer goes on."""
-    sock = getattr(getattr(upstream.raw, "connection", None), "sock", None)
+    sock = getattr(upstream.connection, "sock", None)
     if sock is None:  # a response that closes its connection keeps the socket itself
-        fp = getattr(getattr(upstream.raw, "_fp", None), "fp", None)
+        fp = getattr(getattr(upstream, "_fp", None), "fp", None)
         sock = getattr(getattr(fp, "raw", None), "_sock", None)
     return sock
 
@@ -89,7 +89,7 @@ def _read(upstream, sock, deadline, g):
         sock.settimeout(min(g["read_timeout"], left))
     try:
         # read1 returns what has arrived instead of waiting for a full buffer.
-        return upstream.raw.read1(65536, decode_content=True)
+        return upstream.read1(65536, decode_content=True)
     except (ReadTimeoutError, TimeoutError) as e:
         if deadline - time.monotonic() <= 0.05:
             raise UpstreamTimeout(f"the answer took longer than {g['generation_timeout']:g} s "
@@ -100,25 +100,25 @@ def _read(upstream, sock, deadline, g):
 
 def _whole(upstream, endpoint, routes, reservation, settle, deadline, g):
     """A response that is not a stream: read it all, then answer (or 504 with why)."""
-    status, usage = upstream.status_code, None
+    status, usage, complete = upstream.status, None, False
     try:
         parts, sock = [], _socket_of(upstream)
         while chunk := _read(upstream, sock, deadline, g):
             parts.append(chunk)
-        content = b"".join(parts)
+        content, complete = b"".join(parts), True
         usage = _usage_of(content)
     except UpstreamTimeout as e:
         status = 504
         return error(504, f"The replica did not finish: {e}.", "server_error", "upstream_timeout")
     finally:
-        upstream.close()
+        finish(upstream, complete)
         routes.inflight[endpoint] -= 1
         settle(reservation, *_billed(usage, None, status), status, endpoint)
     return Response(content, status=status, headers=_headers(upstream, reservation))
 
 
 def _relay(upstream, endpoint, routes, reservation, tap, settle, deadline, g):
-    status = upstream.status_code
+    status = upstream.status
 
     def body():
         outcome = 499  # until the end is reached, the client went away
@@ -139,7 +139,7 @@ def _relay(upstream, endpoint, routes, reservation, tap, settle, deadline, g):
                                "param": None, "code": "upstream_timeout"}}
             yield b"data: " + json.dumps(event).encode() + b"\n\n"
         finally:
-            upstream.close()  # on a disconnect this is what stops the engine generating
+            finish(upstream, outcome == status)  # closed on a disconnect: the engine stops
             routes.inflight[endpoint] -= 1
             settle(reservation, *_billed(tap.usage, tap, outcome), outcome, endpoint)
 

@@ -6,12 +6,12 @@ import itertools
 import threading
 import time
 
-import requests
 from flask import current_app
 
 from .. import secrets_box
 from ..models import Endpoint, Model, Node, Replica
 from ..plans import routing
+from .upstream_http import Upstreams
 
 
 class Routes:
@@ -24,9 +24,7 @@ class Routes:
         self.inflight = {}
         self.turn = itertools.count()
         # One pool of kept-alive connections to the engines per worker, not a TCP handshake per request.
-        self.http = requests.Session()
-        self.http.mount("http://", requests.adapters.HTTPAdapter(pool_connections=64, pool_maxsize=1024))
-        self.http.mount("https://", requests.adapters.HTTPAdapter(pool_connections=64, pool_maxsize=1024))
+        self.http = Upstreams()
 
     def refresh(self, max_age):
         if time.monotonic() - self.loaded < max_age:
