@@ -52,15 +52,47 @@ def postgres_params(url):
         params["user"] = urllib.parse.unquote(parsed.username)
     if parsed.password:
         params["password"] = urllib.parse.unquote(parsed.password)
-    params.update(urllib.parse.parse_qsl(parsed.query))  # ?sslmode=require and the like
+    for name, value in urllib.parse.parse_qsl(parsed.query):  # ?sslmode=require and the like
+        if name not in LIBPQ_PARAMS:
+            raise ConfigError(f"database.url sets {name!r}, which llmgw does not pass on; it takes "
+                              f"{', '.join(sorted(LIBPQ_PARAMS))}. Remove it from the URL.")
+        params[name] = value
     return params
+
+
+# libpq connection parameters a URL may set (not dbname, user or host: the URL's own parts).
+LIBPQ_PARAMS = {"sslmode", "sslrootcert", "sslcert", "sslkey", "sslpassword", "sslcrl",
+                "channel_binding", "gssencmode", "target_session_attrs", "application_name",
+                "connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval",
+                "keepalives_count", "tcp_user_timeout", "options", "passfile", "service"}
+
+
+class GreenPooledPostgresqlDatabase(PooledPostgresqlDatabase):
+    """Under gevent psycopg2 connects through the wait callback, where libpq's connect_timeout
+    does not apply: a server that never answers would hold the worker's pool for the kernel's
+    two minutes of SYN retries. Here a new connection gets connect_timeout seconds."""
+
+    def _connect(self):
+        if not _green:
+            return super()._connect()
+        import gevent
+        seconds = float(self.connect_params.get("connect_timeout") or 10)
+        try:
+            with gevent.Timeout(seconds):
+                return super()._connect()
+        except gevent.Timeout:
+            raise peewee.OperationalError(f"no connection to PostgreSQL within {seconds:g} s "
+                                          f"(connect_timeout)") from None
 
 
 def _postgresql(url):
     params = postgres_params(url)
     make_green_if_gevent()
-    return PooledPostgresqlDatabase(params.pop("dbname"), max_connections=None, stale_timeout=600,
-                                    **params)
+    return GreenPooledPostgresqlDatabase(params.pop("dbname"), max_connections=None,
+                                         stale_timeout=600, **params)
+
+
+_green = False
 
 
 def _gevent_wait(conn, timeout=None):
@@ -89,7 +121,9 @@ def make_green_if_gevent():
     if not monkey.is_module_patched("socket"):
         return False
     from psycopg2 import extensions
+    global _green
     extensions.set_wait_callback(_gevent_wait)
+    _green = True
     return True
 
 

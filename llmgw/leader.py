@@ -41,6 +41,9 @@ class FileLock:
     def holds(self):
         return self.fd is not None  # a flock is not taken away from a living process
 
+    def abandon(self):
+        pass  # nothing can hang: the lock is the process's own
+
     def release(self):
         if self.fd is not None:
             os.close(self.fd)
@@ -59,8 +62,14 @@ class AdvisoryLock:
 
     def try_acquire(self):
         import psycopg2
+        self.release()
+        conn = None
         try:
-            conn = psycopg2.connect(**dict(self.params, application_name="llmgw reconciler"))
+            # Bounded on this side too: a query unanswered for 5 s fails, and unacknowledged
+            # data for 10 s drops the connection (keepalives alone do not cover that case).
+            conn = psycopg2.connect(**dict(self.params, application_name="llmgw reconciler",
+                                           tcp_user_timeout=10000,
+                                           options="-c statement_timeout=5000"))
             conn.autocommit = True
             with conn.cursor() as cur:
                 # The server side of keepalives: a leader whose machine vanished (no FIN, no
@@ -71,20 +80,27 @@ class AdvisoryLock:
                 got = cur.fetchone()[0]
         except psycopg2.Error as e:
             log.warning("cannot reach the database to take the lead: %s", str(e).strip())
-            return False
+            got = False
         if not got:
-            conn.close()
+            if conn is not None:
+                conn.close()
             return False
         self.conn = conn
         return True
 
+    def abandon(self):
+        """Give up the lead without waiting on the connection (a check that hangs): forget it
+        here, and let a check still running on it close it when it returns."""
+        self.conn = None
+
     def holds(self):
         """Ask the server whether this connection still holds the lock (blocking; seconds at worst)."""
         import psycopg2
-        if self.conn is None:
+        conn = self.conn
+        if conn is None:
             return False
         try:
-            with self.conn.cursor() as cur:
+            with conn.cursor() as cur:
                 # A bigint key shows in pg_locks as its high and low 32 bits.
                 cur.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
                             "AND pid = pg_backend_pid() AND objsubid = 1 "
@@ -94,6 +110,9 @@ class AdvisoryLock:
         except psycopg2.Error as e:
             log.warning("lost the database connection that holds the lead: %s", str(e).strip())
             held = False
+        if self.conn is not conn:  # abandoned while this check ran: nobody else will close it
+            conn.close()
+            return False
         if not held:
             self.release()
         return held

@@ -5,6 +5,7 @@ adoption) and answers the web's log requests, which arrive as rows. Only one
 reconciler leads at a time; others wait for the lock.
 """
 import asyncio
+import concurrent.futures
 import datetime
 import logging
 import os
@@ -204,20 +205,30 @@ class Reconciler:
         stop = stop or asyncio.Event()
         interval = self.conf["reconciler"]["interval"]
         logs_task = asyncio.create_task(self._log_loop(stop))
+        stopped = asyncio.create_task(stop.wait())
         try:
             while not stop.is_set():
+                # A pass is cut short when told to stop: a reconciler that lost the lead must
+                # not go on placing replicas while its successor does.
+                this_pass = asyncio.create_task(self.pass_once())
+                await asyncio.wait({this_pass, stopped}, return_when=asyncio.FIRST_COMPLETED)
+                if not this_pass.done():
+                    this_pass.cancel()
+                await asyncio.gather(this_pass, return_exceptions=True)
+                if not this_pass.cancelled() and this_pass.exception() is not None:
+                    # one bad pass must not end the process
+                    log.error("reconcile pass failed", exc_info=this_pass.exception())
                 try:
-                    await self.pass_once()
-                except Exception:  # one bad pass must not end the process
-                    log.exception("reconcile pass failed")
-                try:
-                    await asyncio.wait_for(stop.wait(), interval)
+                    await asyncio.wait_for(asyncio.shield(stopped), interval)
                 except asyncio.TimeoutError:
                     pass
         finally:
+            stopped.cancel()
             logs_task.cancel()
-            for task in self.tasks.values():
-                task.cancel()
+            for key, task in self.tasks.items():
+                if key[0] != "close":  # closing a replaced SSH connection is let finish
+                    task.cancel()
+            await asyncio.wait([logs_task, *self.tasks.values()], timeout=10)
             await self.close()
 
     async def close(self):
@@ -291,16 +302,19 @@ async def _lead(rec, lock, once):
         await rec.close()
         return False
     lost = False
+    checks = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lead-check")
 
     async def watch():
         nonlocal lost
         while not stop.is_set():
             await asyncio.sleep(LEAD_CHECK_SECONDS)
             try:
-                held = await asyncio.wait_for(asyncio.to_thread(lock.holds), LEAD_CHECK_TIMEOUT)
+                held = await asyncio.wait_for(loop.run_in_executor(checks, lock.holds),
+                                              LEAD_CHECK_TIMEOUT)
             except asyncio.TimeoutError:
                 log.warning("the database did not say within %d s whether this reconciler still "
                             "leads; assuming not", LEAD_CHECK_TIMEOUT)
+                lock.abandon()
                 held = False
             if not held:
                 lost = True
@@ -311,4 +325,7 @@ async def _lead(rec, lock, once):
         await rec.run(stop)
     finally:
         watcher.cancel()
+        # A check stuck on a dead connection must not keep this process from standing by:
+        # asyncio.run waits for its default executor's threads, not for this one's.
+        checks.shutdown(wait=False)
     return lost

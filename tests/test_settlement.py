@@ -75,3 +75,26 @@ def test_usage_rows_read_back_as_peewee_writes_them(app):
     u = Usage.get()
     assert isinstance(u.created, datetime.datetime) and abs((u.created - before).total_seconds()) < 5
     assert (u.key_id, u.model, u.endpoint, u.latency_ms >= 0) == (key.id, "demo", "http://e/v1", True)
+
+
+def test_one_request_the_database_refuses_does_not_hold_up_the_others(app):
+    import dataclasses
+    key = _limited(app)
+    s = Settlement(flush_seconds=3600)
+    good = [_reserve(app, key) for _ in range(2)]
+    bad = dataclasses.replace(_reserve(app, key), model=None)  # usage.model is NOT NULL
+    s.add(good[0], 0, 1, 200)
+    s.add(bad, 0, 1, 200)
+    s.add(good[1], 0, 1, 200)
+    assert s.flush() == 3 and not s.pending  # two settled, one let go
+    assert Usage.select().count() == 2
+    assert _budget() == (0.02, 0.1)  # the refused one's reservation stays held: strict
+
+
+def test_absurd_token_counts_are_clamped_to_what_the_columns_hold(app):
+    key = _limited(app, budget=0)
+    s = Settlement(flush_seconds=3600)
+    s.add(_reserve(app, key), 10**12, -5, 200)
+    assert s.flush() == 1
+    u = Usage.get()
+    assert (u.prompt_tokens, u.completion_tokens) == (2**31 - 1, 0)

@@ -21,12 +21,12 @@ def slow(app, runner, root):
     engine registered as an external endpoint."""
     procs = []
 
-    def make(first_byte_delay=0.0, token_delay=0.01):
+    def make(first_byte_delay=0.0, token_delay=0.01, prefill_delay=0.0):
         port = free_port()
         procs.append(subprocess.Popen(
             [sys.executable, str(TOP / "llmgw" / "scripts" / "sim_engine.py"), "--model", "slow",
              "--port", str(port), "--token-delay", str(token_delay),
-             "--first-byte-delay", str(first_byte_delay)],
+             "--first-byte-delay", str(first_byte_delay), "--prefill-delay", str(prefill_delay)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         url = f"http://127.0.0.1:{port}"
         for _ in range(100):
@@ -41,6 +41,7 @@ def slow(app, runner, root):
         reconcile(app.config["LLMGW"])
         _, key = tenancy.create_key("default")
         return {"Authorization": f"Bearer {key}"}
+    make.procs = procs
     yield make
     for p in procs:
         p.terminate()
@@ -98,3 +99,31 @@ def test_a_whole_answer_past_the_generation_timeout_is_a_504(app, client, slow):
     resp, took = _ask(client, headers)
     assert resp.status_code == 504 and took < 1.5
     assert "gateway.generation_timeout" in resp.get_json()["error"]["message"]
+
+
+def test_a_stream_whose_first_event_does_not_come_is_cut_at_the_first_byte_timeout(app, client, slow):
+    headers = slow(prefill_delay=2.0)  # headers at once, then a long silence (vLLM's way)
+    app.config["LLMGW"]["gateway"]["first_byte_timeout"] = 0.3
+    resp, took = _ask(client, headers, stream=True)
+    assert resp.status_code == 200 and took < 1.5
+    events = [e for e in resp.get_data(as_text=True).split("\n\n") if e.startswith("data: ")]
+    assert "gateway.first_byte_timeout" in json.loads(events[-1][6:])["error"]["message"]
+    assert _last_usage(app) == (504, 0)
+
+
+def test_an_engine_that_dies_mid_stream_ends_the_stream_with_an_error(app, client, slow):
+    headers = slow(token_delay=0.2)
+    engine = slow.procs[-1]
+    resp = client.post("/v1/chat/completions", headers=headers, buffered=False, json={
+        "model": "slow", "max_tokens": 40, "stream": True, "messages": [{"role": "user", "content": "hi"}]})
+    got = b""
+    for piece in resp.response:
+        got += piece
+        if got.count(b'"content"') >= 3:
+            engine.kill()
+            engine.wait()
+    resp.close()
+    last = json.loads([e for e in got.decode().split("\n\n") if e.startswith("data: ")][-1][6:])
+    assert last["error"]["code"] == "upstream_broken"
+    status, tokens = _last_usage(app)
+    assert status == 502 and 2 <= tokens <= 5  # billed for what it carried

@@ -87,6 +87,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Connection", "close")
         self.end_headers()
         kind = "chat.completion.chunk" if chat else "text_completion"
+        time.sleep(self.server.prefill_delay)
 
         def send(obj):
             self.wfile.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
@@ -133,6 +134,8 @@ def main(argv=None):
     p.add_argument("--token-delay", type=float, default=0.02, help="seconds between streamed tokens")
     p.add_argument("--first-byte-delay", type=float, default=0.0,
                    help="seconds before answering at all (a long prompt being read)")
+    p.add_argument("--prefill-delay", type=float, default=0.0,
+                   help="seconds between a stream's headers and its first event")
     p.add_argument("--version", action="store_true")
     args = p.parse_args(argv)
     if args.version:
@@ -142,6 +145,7 @@ def main(argv=None):
     server = ThreadingHTTPServer((args.host, args.port), Handler)
     server.daemon_threads = True
     server.model, server.delay, server.first_byte_delay = args.model, args.token_delay, args.first_byte_delay
+    server.prefill_delay = args.prefill_delay
     print("sim: serving %s on %s:%d" % (args.model, args.host, args.port), flush=True)
     server.serve_forever()
     return 0

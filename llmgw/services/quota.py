@@ -31,7 +31,7 @@ class Reservation:
     price: tuple
     tokens: int
     cost: float
-    counters: list = field(default_factory=list)  # (counter id, kind)
+    counters: list = field(default_factory=list)  # (lock order, counter id, kind)
     started: float = field(default_factory=time.monotonic)
 
 

@@ -8,11 +8,11 @@ milliseconds, never looser. Counter rows are updated in one fixed order (the ord
 which admission locks them), so two control planes on PostgreSQL cannot deadlock.
 """
 import atexit
+import collections
 import logging
 import os
 import threading
 import time
-from collections import defaultdict
 
 import peewee
 
@@ -27,12 +27,17 @@ IDLE_EXIT_SECONDS = 30
 MAX_PENDING = 100_000  # while the database is away; beyond this the oldest usage rows are dropped
 
 
+# What the database refuses for one request's values (not for being away): given up on alone.
+REFUSED = (peewee.DataError, peewee.IntegrityError)
+TOKENS_MAX = 2**31 - 1  # the usage columns are 4-byte integers on PostgreSQL
+
+
 class Settlement:
     def __init__(self, flush_seconds=FLUSH_SECONDS):
         self.flush_seconds = flush_seconds
-        self.pending = []
-        self.lock = threading.Lock()
-        self.wake = threading.Event()
+        self.pending = collections.deque()
+        self.lock = threading.Lock()        # guards pending
+        self.writing = threading.Lock()     # held while a batch is taken and written
         self.thread = None
         self.pid = None
         self.dropped = 0
@@ -42,6 +47,10 @@ class Settlement:
 
     def add(self, res, prompt_tokens, completion_tokens, status, endpoint=""):
         """Queue one finished request; return its real cost."""
+        # An engine's word is clamped to what the columns hold: one absurd number must not
+        # make a batch the database refuses for ever.
+        prompt_tokens = max(0, min(int(prompt_tokens), TOKENS_MAX))
+        completion_tokens = max(0, min(int(completion_tokens), TOKENS_MAX))
         actual = quota.cost(prompt_tokens, completion_tokens, res.price)
         item = (res, prompt_tokens, completion_tokens, actual, status, endpoint,
                 int((time.monotonic() - res.started) * 1000), utcnow())
@@ -50,11 +59,13 @@ class Settlement:
             if len(self.pending) > MAX_PENDING:
                 # The database has been away a long while. Dropping the oldest loses its usage
                 # row and leaves its reservation held: limits err on the strict side.
-                self.pending.pop(0)
+                self.pending.popleft()
                 self.dropped += 1
                 if self.dropped % 1000 == 1:
                     log.error("%d finished requests wait to be settled and the database takes "
                               "none; %d dropped so far", MAX_PENDING, self.dropped)
+            if self.closed:
+                return actual  # only at exit, after close() settled: written by nobody
             self._ensure_thread()
         return actual
 
@@ -79,34 +90,67 @@ class Settlement:
                         return
 
     def close(self):
-        """Settle what is left and stop the thread (a worker's exit, the end of a test)."""
+        """Settle what is left and stop the thread (a worker's exit, the end of a test); waits
+        for a batch being written."""
         self.closed = True
+        atexit.unregister(self.close)
         self.flush()
+        if self.pending:
+            log.error("%d finished requests could not be settled before exit: their usage rows "
+                      "are lost and their reservations stay held until their windows end",
+                      len(self.pending))
 
     def flush(self):
-        """Settle everything queued now; return how many requests were settled."""
+        """Settle everything queued now; return how many requests left the queue."""
         done = 0
-        while True:
-            with self.lock:
-                batch, self.pending = self.pending[:MAX_BATCH], self.pending[MAX_BATCH:]
-            if not batch:
-                return done
-            try:
-                _write(batch)
-            except Exception as e:
-                if self.failing_since is None:
-                    self.failing_since = time.monotonic()
-                    log.exception("settling %d requests failed; their reservations stay held "
-                                  "and they are tried again until the database takes them", len(batch))
-                else:
-                    log.debug("settling still fails: %s", e)
+        with self.writing:
+            while True:
                 with self.lock:
-                    self.pending[:0] = batch
-                return done
-            if self.failing_since is not None:
-                log.warning("settling works again after %.0f s", time.monotonic() - self.failing_since)
-                self.failing_since = None
-            done += len(batch)
+                    batch = [self.pending.popleft() for _ in range(min(MAX_BATCH, len(self.pending)))]
+                if not batch:
+                    return done
+                try:
+                    _write(batch)
+                except Exception as e:
+                    kept = self._one_by_one(batch, e)
+                    done += len(batch) - len(kept)
+                    if kept:
+                        with self.lock:
+                            self.pending.extendleft(reversed(kept))
+                        return done
+                    continue
+                if self.failing_since is not None:
+                    log.warning("settling works again after %.0f s",
+                                time.monotonic() - self.failing_since)
+                    self.failing_since = None
+                done += len(batch)
+
+    def _one_by_one(self, batch, error):
+        """A batch failed: unless the database is away (then all are kept), write its requests
+        one at a time; one the database refuses by itself is logged and let go. Return those to
+        try again."""
+        if not isinstance(error, REFUSED):
+            self._failing(error, len(batch))
+            return batch  # the database itself is away (or its schema is): keep all, in order
+        for i, item in enumerate(batch):
+            try:
+                _write([item])
+            except REFUSED:
+                res = item[0]
+                log.exception("the database refuses to settle one request (key %s, model %r, "
+                              "%s prompt and %s completion tokens); its usage row is lost and its "
+                              "reservation stays held until its window ends",
+                              res.key_id, res.model, item[1], item[2])
+            except Exception as e:
+                self._failing(e, len(batch) - i)
+                return batch[i:]
+        return []
+
+    def _failing(self, error, count):
+        if self.failing_since is None:
+            self.failing_since = time.monotonic()
+            log.error("settling %d requests failed (%s); their reservations stay held and they "
+                      "are tried again until the database takes them", count, str(error).strip())
 
 
 USAGE_COLUMNS = ("key_id", "project_id", "model", "prompt_tokens", "completion_tokens", "cost",
@@ -125,11 +169,12 @@ def _insert_usage(rows):
     db = database.obj
     marks = ", ".join([db.param] * len(USAGE_COLUMNS))
     sql = f'INSERT INTO "{Usage._meta.table_name}" ({", ".join(USAGE_COLUMNS)}) VALUES ({marks})'
-    db.cursor().executemany(sql, rows)
+    with peewee.__exception_wrapper__:  # the driver's errors as peewee's, as for other queries
+        db.cursor().executemany(sql, rows)
 
 
 def _write(batch):
-    deltas = defaultdict(lambda: [0, 0])  # (order, counter id) -> [reserved change, used change]
+    deltas = collections.defaultdict(lambda: [0, 0])  # (order, counter id) -> [reserved change, used change]
     rows = []  # in USAGE_COLUMNS order
     for res, prompt, completion, actual, status, endpoint, latency, ended in batch:
         for order, counter_id, what in res.counters:

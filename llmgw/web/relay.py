@@ -19,9 +19,13 @@ def settlement():
     return got
 
 
-class UpstreamTimeout(Exception):
-    """The replica went quiet for longer than gateway.read_timeout, or its whole answer took
-    longer than gateway.generation_timeout."""
+class UpstreamFailed(Exception):
+    """The replica stopped answering properly after its headers: a timeout (504) or a broken
+    connection (502)."""
+
+    def __init__(self, message, status, code):
+        super().__init__(message)
+        self.status, self.code = status, code
 
 
 def forward(endpoints, path, body, reservation, routes):
@@ -51,7 +55,8 @@ def forward(endpoints, path, body, reservation, routes):
             settle(reservation, 0, 0, 504, endpoint)
             which = "gateway.first_byte_timeout" if stream else "gateway.generation_timeout"
             return error(504, f"The replica did not start answering within {wait_first:g} s ({which}).",
-                         "server_error", "upstream_timeout")
+                         "server_error", "upstream_timeout",
+                         headers={"X-Llmgw-Model": reservation.model})
         except (HTTPError, OSError) as e:
             routes.inflight[endpoint] -= 1
             last = e
@@ -61,7 +66,8 @@ def forward(endpoints, path, body, reservation, routes):
                           deadline, g)
         return _whole(upstream, endpoint, routes, reservation, settle, deadline, g)
     settle(reservation, 0, 0, 502)
-    return error(502, f"No replica answered ({last}).", "server_error", "upstream_unreachable")
+    return error(502, f"No replica answered ({last}).", "server_error", "upstream_unreachable",
+                 headers={"X-Llmgw-Model": reservation.model})
 
 
 def _headers(upstream, reservation):
@@ -79,27 +85,36 @@ def _socket_of(upstream):
     return sock
 
 
-def _read(upstream, sock, deadline, g):
-    """Return what has arrived from upstream (b"" at the end), within both timeouts."""
+def _read(upstream, sock, deadline, g, first=False):
+    """Return what has arrived from upstream (b"" at the end), within the timeouts: the first
+    byte of a stream's body, the gap between bytes, and the whole answer."""
     left = deadline - time.monotonic()
     if left <= 0:
-        raise UpstreamTimeout(f"the answer took longer than {g['generation_timeout']:g} s "
-                              f"(gateway.generation_timeout)")
+        raise _too_long(g)
+    wait, setting = (g["first_byte_timeout"], "first_byte_timeout") if first else \
+        (g["read_timeout"], "read_timeout")
     if sock is not None:
-        sock.settimeout(min(g["read_timeout"], left))
+        sock.settimeout(min(wait, left))
     try:
         # read1 returns what has arrived instead of waiting for a full buffer.
         return upstream.read1(65536, decode_content=True)
     except (ReadTimeoutError, TimeoutError) as e:
         if deadline - time.monotonic() <= 0.05:
-            raise UpstreamTimeout(f"the answer took longer than {g['generation_timeout']:g} s "
-                                  f"(gateway.generation_timeout)") from e
-        raise UpstreamTimeout(f"the replica sent nothing for {g['read_timeout']:g} s "
-                              f"(gateway.read_timeout)") from e
+            raise _too_long(g) from e
+        raise UpstreamFailed(f"the replica sent nothing for {wait:g} s (gateway.{setting})", 504,
+                             "upstream_timeout") from e
+    except (HTTPError, OSError) as e:
+        raise UpstreamFailed(f"the connection to the replica broke ({e})", 502,
+                             "upstream_broken") from e
+
+
+def _too_long(g):
+    return UpstreamFailed(f"the answer took longer than {g['generation_timeout']:g} s "
+                          f"(gateway.generation_timeout)", 504, "upstream_timeout")
 
 
 def _whole(upstream, endpoint, routes, reservation, settle, deadline, g):
-    """A response that is not a stream: read it all, then answer (or 504 with why)."""
+    """A response that is not a stream: read it all, then answer (or say why not)."""
     status, usage, complete = upstream.status, None, False
     try:
         parts, sock = [], _socket_of(upstream)
@@ -107,9 +122,10 @@ def _whole(upstream, endpoint, routes, reservation, settle, deadline, g):
             parts.append(chunk)
         content, complete = b"".join(parts), True
         usage = _usage_of(content)
-    except UpstreamTimeout as e:
-        status = 504
-        return error(504, f"The replica did not finish: {e}.", "server_error", "upstream_timeout")
+    except UpstreamFailed as e:
+        status = e.status
+        return error(e.status, f"The replica did not finish: {e}.", "server_error", e.code,
+                     headers={"X-Llmgw-Model": reservation.model})
     finally:
         finish(upstream, complete)
         routes.inflight[endpoint] -= 1
@@ -124,19 +140,27 @@ def _relay(upstream, endpoint, routes, reservation, tap, settle, deadline, g):
         outcome = 499  # until the end is reached, the client went away
         sock = _socket_of(upstream)
         try:
-            while chunk := _read(upstream, sock, deadline, g):
+            # Engines send a stream's headers at once and its first bytes after reading the
+            # prompt: the first read is what first_byte_timeout bounds.
+            chunk = _read(upstream, sock, deadline, g, first=True)
+            while chunk:
                 out = tap.feed(chunk)
                 if out:
                     yield out
+                chunk = _read(upstream, sock, deadline, g)
             rest = tap.flush()
             if rest:
                 yield rest
+            if status == 200 and not tap.done:
+                # A stream closed without its [DONE]: the engine died (or was killed) mid-way.
+                raise UpstreamFailed("the replica closed the stream before its end", 502,
+                                     "upstream_broken")
             outcome = status
-        except UpstreamTimeout as e:
-            outcome = 504
+        except UpstreamFailed as e:
+            outcome = e.status
             # Mid-stream, the status has gone: OpenAI's clients read an error event instead.
             event = {"error": {"message": f"The replica did not finish: {e}.", "type": "server_error",
-                               "param": None, "code": "upstream_timeout"}}
+                               "param": None, "code": e.code}}
             yield b"data: " + json.dumps(event).encode() + b"\n\n"
         finally:
             finish(upstream, outcome == status)  # closed on a disconnect: the engine stops
@@ -158,7 +182,14 @@ def _billed(usage, tap, status):
     """Return (prompt, completion) tokens to bill: what the engine says it used; without its
     word, what was seen to be generated (a stream cut short by the client or a timeout)."""
     if usage:
-        return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
-    if tap is not None and (status < 400 or status in (499, 504)):
+        return _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
+    if tap is not None and (status < 400 or status in (499, 502, 504)):
         return 0, tap.content_events
     return 0, 0
+
+
+def _count(value):
+    try:
+        return max(0, int(value or 0))
+    except (TypeError, ValueError):
+        return 0  # an engine's nonsense is not a reason to lose the usage row

@@ -13,6 +13,7 @@ class UsageTap:
         self.buffer = b""
         self.usage = None
         self.content_events = 0
+        self.done = False  # saw `data: [DONE]`, which every OpenAI-compatible stream ends with
 
     def feed(self, data):
         """Take bytes from upstream; return the bytes to send on now."""
@@ -44,6 +45,7 @@ class UsageTap:
             return True
         body = payload[5:].strip()
         if body == b"[DONE]":
+            self.done = True
             return True
         try:
             obj = json.loads(body)
