@@ -5,58 +5,77 @@ only when the client asked for it too. Events are relayed as soon as they are co
 nothing waits for the end of the stream.
 """
 import json
+import re
+
+
+# Only an event that carries a usage object is parsed; the rest are looked at as bytes (a JSON
+# string cannot hold an unescaped quote, so these patterns cannot match inside generated text).
+USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
+TEXT = re.compile(rb'"(?:content|text)"\s*:\s*"(?!")')
+DONE = re.compile(rb"^data:\s*\[DONE\]\s*$")
 
 
 class UsageTap:
     def __init__(self, client_wants_usage):
         self.client_wants_usage = client_wants_usage
         self.buffer = b""
+        self.sep = None  # b"\n\n" or b"\r\n\r\n", whichever the engine ends events with
         self.usage = None
         self.content_events = 0
         self.done = False  # saw `data: [DONE]`, which every OpenAI-compatible stream ends with
 
     def feed(self, data):
-        """Take bytes from upstream; return the bytes to send on now."""
-        self.buffer += data
-        out = []
-        while True:
-            end = self._event_end()
-            if end < 0:
-                break
-            event, self.buffer = self.buffer[:end], self.buffer[end:]
+        """Take bytes from upstream; return the bytes to send on now (whole events only)."""
+        buf = self.buffer + data if self.buffer else data
+        sep = self.sep or self._separator(buf)
+        if sep is None:
+            self.buffer = buf
+            return b""
+        kept, start, dropped = [], 0, False
+        while (i := buf.find(sep, start)) >= 0:
+            end = i + len(sep)
+            event = buf[start:end]
             if self._keep(event):
-                out.append(event)
-        return b"".join(out)
+                kept.append(event)
+            else:
+                dropped = True
+            start = end
+        self.buffer = buf[start:]
+        return b"".join(kept) if dropped else buf[:start]
 
     def flush(self):
         rest, self.buffer = self.buffer, b""
         return rest
 
-    def _event_end(self):
-        for sep in (b"\n\n", b"\r\n\r\n"):
-            i = self.buffer.find(sep)
-            if i >= 0:
-                return i + len(sep)
-        return -1
+    def _separator(self, buf):
+        found = [(i, s) for s in (b"\n\n", b"\r\n\r\n") if (i := buf.find(s)) >= 0]
+        if found:
+            self.sep = min(found)[1]
+        return self.sep
 
     def _keep(self, event):
-        payload = event.strip()
-        if not payload.startswith(b"data:"):
-            return True
-        body = payload[5:].strip()
-        if body == b"[DONE]":
-            self.done = True
-            return True
-        try:
-            obj = json.loads(body)
-        except ValueError:
-            return True
-        if isinstance(obj, dict) and obj.get("usage"):
-            self.usage = obj["usage"]
-            if not obj.get("choices") and not self.client_wants_usage:
-                return False  # the usage-only event the client did not ask for
-        if isinstance(obj, dict) and any(_has_text(c) for c in obj.get("choices") or []):
+        if USAGE_OBJECT.search(event):
+            return self._usage_event(event)
+        if TEXT.search(event):
             self.content_events += 1
+        elif DONE.match(event.strip()):
+            self.done = True
+        return True
+
+    def _usage_event(self, event):
+        payload = event.strip()
+        try:
+            obj = json.loads(payload[5:]) if payload.startswith(b"data:") else None
+        except ValueError:
+            obj = None
+        if not isinstance(obj, dict):
+            return True
+        if isinstance(obj.get("usage"), dict):
+            self.usage = obj["usage"]
+        if any(_has_text(c) for c in obj.get("choices") or [] if isinstance(c, dict)):
+            self.content_events += 1
+        elif not obj.get("choices") and not self.client_wants_usage:
+            return False  # the usage-only event the client did not ask for
         return True
 
 
