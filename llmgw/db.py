@@ -135,12 +135,9 @@ def bind(url):
 
 
 def init_app(app):
-    """Bind the database for the app and open/close a connection around each request."""
+    """Bind the database for the app; a request takes a pooled connection when it first runs
+    a query (a relayed request with warm caches runs none) and gives it back at its end."""
     bind(app.config["LLMGW"]["database"]["url"])
-
-    @app.before_request
-    def _connect():
-        database.connect(reuse_if_open=True)
 
     @app.teardown_request
     def _close(exc):

@@ -101,10 +101,8 @@ def reserve(key, model, body, conf, now=None, lookups=None):
     money = quota.cost(prompt, completion, price)
     scopes = lookups.get(("scopes", key.id), lambda: scopes_of(key))
     res = Reservation(key.id, scopes[1][1], model, price, prompt + completion, money)
-    rules = {kind: lookups.get(("rule", kind, sid), lambda k=kind, s=sid: LimitRule.get_or_none(
-        LimitRule.scope_kind == k, LimitRule.scope_id == s)) for kind, sid, _ in scopes}
-    limits = quota.effective(rules, conf["limits"])
-    if not any(lim.rpm or lim.tpm or lim.budget for lim in limits.values()):
+    limits, binds = lookups.get(("limits", key.id), lambda: _limits_of(scopes, conf))
+    if not binds:
         return res
     with transaction():
         plan = []
@@ -116,6 +114,14 @@ def reserve(key, model, body, conf, now=None, lookups=None):
             # The order rows were locked in: settling in the same order cannot deadlock with it.
             res.counters.append(((rank, sid, KIND_ORDER[what]), counter.id, what))
     return res
+
+
+def _limits_of(scopes, conf):
+    """Return ({scope kind: Limit}, whether any of them binds) for a key's scopes."""
+    rules = {kind: LimitRule.get_or_none(LimitRule.scope_kind == kind, LimitRule.scope_id == sid)
+             for kind, sid, _ in scopes}
+    limits = quota.effective(rules, conf["limits"])
+    return limits, any(lim.rpm or lim.tpm or lim.budget for lim in limits.values())
 
 
 def _check(kind, sid, name, lim, res, now):
