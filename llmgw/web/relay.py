@@ -3,11 +3,10 @@ import json
 import time
 
 from flask import Response, current_app, stream_with_context
-from urllib3.exceptions import HTTPError, ReadTimeoutError
 
 from ..services.settlement import Settlement
 from .openai_errors import error
-from .upstream_http import finish
+from .upstream_http import Broken, ConnectFailed, HeadTimeout, ReadTimedOut
 from .usage_stream import UsageTap, ask_for_usage
 
 
@@ -49,7 +48,7 @@ def forward(endpoints, path, body, reservation, routes):
                 headers["Authorization"] = routes.auth[endpoint]
             upstream = routes.http.post(f"{endpoint}/{path}", data, headers, g["connect_timeout"],
                                         wait_first)
-        except ReadTimeoutError:
+        except HeadTimeout:
             # It took the request and may be working on it: another replica would do it twice.
             routes.inflight[endpoint] -= 1
             settle(reservation, 0, 0, 504, endpoint)
@@ -57,7 +56,7 @@ def forward(endpoints, path, body, reservation, routes):
             return error(504, f"The replica did not start answering within {wait_first:g} s ({which}).",
                          "server_error", "upstream_timeout",
                          headers={"X-Llmgw-Model": reservation.model})
-        except (HTTPError, OSError) as e:
+        except ConnectFailed as e:
             routes.inflight[endpoint] -= 1
             last = e
             continue  # nothing reached the client yet, so another replica may answer
@@ -76,16 +75,7 @@ def _headers(upstream, reservation):
             "X-Llmgw-Model": reservation.model}  # which model served it (a fallback, maybe)
 
 
-def _socket_of(upstream):
-    """Return the socket a response is read from, to set its timeout as the answer goes on."""
-    sock = getattr(upstream.connection, "sock", None)
-    if sock is None:  # a response that closes its connection keeps the socket itself
-        fp = getattr(getattr(upstream, "_fp", None), "fp", None)
-        sock = getattr(getattr(fp, "raw", None), "_sock", None)
-    return sock
-
-
-def _read(upstream, sock, deadline, g, first=False):
+def _read(upstream, deadline, g, first=False):
     """Return what has arrived from upstream (b"" at the end), within the timeouts: the first
     byte of a stream's body, the gap between bytes, and the whole answer."""
     left = deadline - time.monotonic()
@@ -93,17 +83,16 @@ def _read(upstream, sock, deadline, g, first=False):
         raise _too_long(g)
     wait, setting = (g["first_byte_timeout"], "first_byte_timeout") if first else \
         (g["read_timeout"], "read_timeout")
-    if sock is not None:
-        sock.settimeout(min(wait, left))
+    upstream.set_read_timeout(min(wait, left))
     try:
         # read1 returns what has arrived instead of waiting for a full buffer.
-        return upstream.read1(65536, decode_content=True)
-    except (ReadTimeoutError, TimeoutError) as e:
+        return upstream.read1(65536)
+    except ReadTimedOut as e:
         if deadline - time.monotonic() <= 0.05:
             raise _too_long(g) from e
         raise UpstreamFailed(f"the replica sent nothing for {wait:g} s (gateway.{setting})", 504,
                              "upstream_timeout") from e
-    except (HTTPError, OSError) as e:
+    except Broken as e:
         raise UpstreamFailed(f"the connection to the replica broke ({e})", 502,
                              "upstream_broken") from e
 
@@ -117,8 +106,8 @@ def _whole(upstream, endpoint, routes, reservation, settle, deadline, g):
     """A response that is not a stream: read it all, then answer (or say why not)."""
     status, usage, complete = upstream.status, None, False
     try:
-        parts, sock = [], _socket_of(upstream)
-        while chunk := _read(upstream, sock, deadline, g):
+        parts = []
+        while chunk := _read(upstream, deadline, g):
             parts.append(chunk)
         content, complete = b"".join(parts), True
         usage = _usage_of(content)
@@ -127,7 +116,7 @@ def _whole(upstream, endpoint, routes, reservation, settle, deadline, g):
         return error(e.status, f"The replica did not finish: {e}.", "server_error", e.code,
                      headers={"X-Llmgw-Model": reservation.model})
     finally:
-        finish(upstream, complete)
+        upstream.finish(complete)
         routes.inflight[endpoint] -= 1
         settle(reservation, *_billed(usage, None, status), status, endpoint)
     return Response(content, status=status, headers=_headers(upstream, reservation))
@@ -138,16 +127,15 @@ def _relay(upstream, endpoint, routes, reservation, tap, settle, deadline, g):
 
     def body():
         outcome = 499  # until the end is reached, the client went away
-        sock = _socket_of(upstream)
         try:
             # Engines send a stream's headers at once and its first bytes after reading the
             # prompt: the first read is what first_byte_timeout bounds.
-            chunk = _read(upstream, sock, deadline, g, first=True)
+            chunk = _read(upstream, deadline, g, first=True)
             while chunk:
                 out = tap.feed(chunk)
                 if out:
                     yield out
-                chunk = _read(upstream, sock, deadline, g)
+                chunk = _read(upstream, deadline, g)
             rest = tap.flush()
             if rest:
                 yield rest
@@ -163,7 +151,7 @@ def _relay(upstream, endpoint, routes, reservation, tap, settle, deadline, g):
                                "param": None, "code": e.code}}
             yield b"data: " + json.dumps(event).encode() + b"\n\n"
         finally:
-            finish(upstream, outcome == status)  # closed on a disconnect: the engine stops
+            upstream.finish(outcome == status)  # closed on a disconnect: the engine stops
             routes.inflight[endpoint] -= 1
             settle(reservation, *_billed(tap.usage, tap, outcome), outcome, endpoint)
 
