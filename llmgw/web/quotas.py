@@ -51,5 +51,7 @@ def usage(project):
                                   peewee.fn.SUM(Usage.cost).alias("cost"))
                      .where(Usage.project_id == row.id, Usage.created >= since)
                      .group_by(Usage.model).dicts())
-    recent = list(Usage.select().where(Usage.project_id == row.id).order_by(Usage.id.desc()).limit(50))
+    # By when each request ended: ids follow the order batches were written in, worker by worker.
+    recent = list(Usage.select().where(Usage.project_id == row.id)
+                  .order_by(Usage.created.desc()).limit(50))
     return render_template("usage.html", project=row, per_model=per_model, recent=recent)

@@ -152,11 +152,12 @@ def test_streamed_usage_is_right_with_and_without_include_usage(cluster):
 
     def last_two():
         with sqlite3.connect(cluster["root"] / "llmgw.db") as db:
-            rows = db.execute("SELECT completion_tokens, status FROM usage WHERE model = 'tiny' "
-                              "ORDER BY id DESC LIMIT 2").fetchall()
-        return rows if rows == [(7, 200), (7, 200)] else None
-    # Billed alike, whether the client saw usage or not (settled within 100 ms of the end).
-    wait_for("two usage rows of 7 completion tokens", last_two, timeout=5, every=0.1)
+            return db.execute("SELECT completion_tokens, status FROM usage WHERE model = 'tiny' "
+                              "ORDER BY created DESC LIMIT 2").fetchall()
+    deadline = time.monotonic() + 5  # settled within 100 ms of the end, in a batch
+    while last_two() != [(7, 200), (7, 200)] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert last_two() == [(7, 200), (7, 200)]  # billed alike, whether the client saw usage or not
 
 
 def test_bad_keys_and_unknown_models_get_openai_errors(cluster):

@@ -142,7 +142,7 @@ def test_a_client_that_leaves_stops_the_engine_and_pays_for_what_it_got(plane):
     row = None
     while time.monotonic() < deadline:
         with sqlite3.connect(plane["root"] / "llmgw.db") as db:
-            row = db.execute("SELECT completion_tokens, status FROM usage ORDER BY id DESC LIMIT 1").fetchone()
+            row = db.execute("SELECT completion_tokens, status FROM usage ORDER BY created DESC LIMIT 1").fetchone()
         if row and row[1] == 499 and "client went away" in log.read_text():
             break
         time.sleep(0.3)
