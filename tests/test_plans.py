@@ -59,6 +59,17 @@ def test_replicas_spread_over_ready_nodes():
     assert sorted(placed.values()) == ["a", "b"] and refusal == ""
 
 
+def test_the_first_node_ready_takes_only_its_share_while_another_installs():
+    installing = placement.candidates(nodes(("a", True, "ready"), ("b", True, "installing")), "llamacpp")
+    placed, refusal = placement.assign(["m-0", "m-1"], {}, installing)
+    assert placed == {"m-0": "a"}
+    assert refusal == "waiting for a node to finish installing (b: llamacpp installing)"
+    ready = placement.candidates(nodes(("a", True, "ready"), ("b", True, "ready")), "llamacpp")
+    assert placement.assign(["m-0", "m-1"], placed, ready)[0] == {"m-0": "a", "m-1": "b"}
+    failed = placement.candidates(nodes(("a", True, "ready"), ("b", True, "failed")), "llamacpp")
+    assert placement.assign(["m-0", "m-1"], placed, failed) == ({"m-0": "a", "m-1": "a"}, "")
+
+
 def test_a_recorded_replica_stays_where_it_runs():
     cands = placement.candidates(nodes(("a", True, "ready"), ("b", True, "ready")), "llamacpp")
     placed, _ = placement.assign(["m-0", "m-1"], {"m-0": "b"}, cands)

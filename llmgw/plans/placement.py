@@ -20,6 +20,10 @@ class Candidate:
     node: str
     ok: bool
     reason: str = ""
+    coming: bool = False  # reachable, with the engine being installed: ready soon
+
+
+COMING = ("pending", "installing")
 
 
 def candidates(nodes, engine):
@@ -34,7 +38,7 @@ def candidates(nodes, engine):
             out.append(Candidate(n["name"], False, "unreachable"))
         elif state != "ready":
             out.append(Candidate(n["name"], False, f"{engine} {state or 'not installed'}"
-                                 + (f": {detail}" if detail else "")))
+                                 + (f": {detail}" if detail else ""), coming=state in COMING))
         else:
             out.append(Candidate(n["name"], True))
     return out
@@ -46,8 +50,14 @@ def assign(names, existing, cands):
     existing: {replica name: node} already recorded, which stays where it is: after a restart
     the reconciler finds those units running and adopts them rather than starting another.
     A unit running with no row at all is not adopted (its port is unknown); it is stopped.
+
+    While some nodes are still installing the engine, a ready node takes no more than its fair
+    share (the replicas over the ready and coming nodes): the first node to finish installing
+    must not take every replica for good. A coming node whose install fails stops counting.
     """
     ok = [c.node for c in cands if c.ok]
+    coming = [c.node for c in cands if c.coming]
+    share = -(-len(names) // (len(ok) + len(coming))) if coming else None  # ceiling division
     load = {n: 0 for n in ok}
     placed = {}
     for name in names:
@@ -62,12 +72,15 @@ def assign(names, existing, cands):
         if not ok:
             break
         node = min(ok, key=lambda n: (load[n], n))
+        if share is not None and load[node] >= share:
+            break
         placed[name] = node
         load[node] += 1
     refusal = ""
     if len(placed) < len(names):
         why = "; ".join(f"{c.node}: {c.reason}" for c in cands if not c.ok) or "no nodes"
-        refusal = f"no node can run it ({why})"
+        refusal = (f"waiting for a node to finish installing ({why})" if ok and coming
+                   else f"no node can run it ({why})")
     return placed, refusal
 
 
