@@ -9,6 +9,7 @@ import pytest
 from llmgw import create_app, migrate
 from llmgw.models import database
 from llmgw.services import tenancy
+from tests.harness.ports import free_port  # noqa: F401  (tests import it from here)
 
 TOP = Path(__file__).resolve().parent.parent
 
@@ -149,13 +150,6 @@ def local_sim(app, tmp_path):
     for node in made:
         for unit in asyncio.run(running_units(t, "setsid", node.base_dir)):
             asyncio.run(t.run(launch.stop_argv("setsid", f"llmgw-{unit}", node.base_dir)))
-
-
-def free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

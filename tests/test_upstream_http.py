@@ -92,6 +92,15 @@ def post(http, server, body=b'{"x": 1}', headers=None, head_timeout=5.0):
                      head_timeout)
 
 
+def ask_times(http, server, times, expect, pause=0.0):
+    """Make `times` requests one after another, each read to its end and its answer checked."""
+    for _ in range(times):
+        response = post(http, server)
+        assert b"".join(read_all(response)) == expect
+        response.finish(True)
+        time.sleep(pause)
+
+
 def read_all(response, n=65536, timeout=5.0):
     parts = []
     while True:
@@ -200,10 +209,7 @@ def test_a_body_that_ends_with_the_connection_is_read_to_the_close(serve):
 def test_a_kept_alive_connection_is_reused(serve):
     server = serve(keep_answering)
     http = Upstreams()
-    for _ in range(5):
-        response = post(http, server)
-        assert b"".join(read_all(response)) == b'{"ok": true}'
-        response.finish(True)
+    ask_times(http, server, 5, b'{"ok": true}')
     assert server.accepted == 1 and len(server.requests) == 5
 
 
@@ -214,10 +220,7 @@ def test_connection_close_is_honoured(serve):
 
     server = serve(handler)
     http = Upstreams()
-    for _ in range(3):
-        response = post(http, server)
-        assert b"".join(read_all(response)) == b"ok"
-        response.finish(True)
+    ask_times(http, server, 3, b"ok")
     assert server.accepted == 3
 
 
@@ -231,11 +234,7 @@ def test_an_idle_connection_the_engine_closed_is_replaced(serve):
 
     server = serve(handler)
     http = Upstreams()
-    for _ in range(3):
-        response = post(http, server)
-        assert b"".join(read_all(response)) == b"ok"
-        response.finish(True)
-        time.sleep(0.05)
+    ask_times(http, server, 3, b"ok", pause=0.05)  # the engine closes its end meanwhile
     assert server.accepted == 2
 
 
@@ -252,10 +251,7 @@ def test_a_connection_that_dies_as_it_is_reused_is_retried_once_on_a_new_one(ser
 
     server = serve(handler)
     http = Upstreams()
-    for _ in range(2):
-        response = post(http, server)
-        assert b"".join(read_all(response)) == b"ok"
-        response.finish(True)
+    ask_times(http, server, 2, b"ok")
     assert server.accepted == 2 and len(server.requests) == 3
 
 

@@ -4,12 +4,13 @@ Debian's chromium + chromium-driver; never a browser download. Enough of WebDriv
 tests that log in, follow links and wait for HTMX to change a page.
 """
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 
 import requests
+
+from .ports import free_port
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -25,15 +26,9 @@ def missing_reason():
     return None
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Browser:
     def __init__(self):
-        self.port = _free_port()
+        self.port = free_port()
         self.profile = tempfile.mkdtemp(prefix="llmgw-chromium-")
         self.driver = subprocess.Popen(["chromedriver", f"--port={self.port}"],
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -14,10 +14,11 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
+
+from .ports import free_port
 
 
 def bin_dir() -> Path | None:
@@ -43,17 +44,11 @@ def missing_reason() -> str | None:
     return None
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class PostgresServer:
     def __init__(self, workdir: Path):
         self.dir = Path(workdir) / "pg"
         self.data = self.dir / "data"
-        self.port = _free_port()
+        self.port = free_port()
         self.proc = None
         self.bin = bin_dir()
         self.user = "postgres" if os.geteuid() == 0 else None
