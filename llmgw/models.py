@@ -109,6 +109,7 @@ class Usage(Base):
     latency_ms = pw.IntegerField()
     status = pw.IntegerField()
     endpoint = pw.TextField()
+    request_id = pw.TextField(null=True)  # also the response's X-Request-Id
 
 
 class Node(Base):

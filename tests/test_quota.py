@@ -125,7 +125,8 @@ def test_a_model_without_a_replica_is_served_by_its_fallback_and_says_so(served,
         "model": "big", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]})
     assert resp.status_code == 200 and resp.headers["X-Llmgw-Model"] == "demo"
     settle_now(client.application)
-    assert Usage.select().order_by(Usage.id.desc()).get().model == "demo"
+    row = Usage.get(Usage.request_id == resp.headers["X-Request-Id"])  # the client's id finds it
+    assert row.model == "demo"
     _, only_big = tenancy.create_key("default", models=["big"])
     refused = client.post("/v1/chat/completions", headers={"Authorization": f"Bearer {only_big}"},
                           json={"model": "big", "messages": [{"role": "user", "content": "hi"}]})

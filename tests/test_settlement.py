@@ -98,3 +98,21 @@ def test_absurd_token_counts_are_clamped_to_what_the_columns_hold(app):
     assert s.flush() == 1
     u = Usage.get()
     assert (u.prompt_tokens, u.completion_tokens) == (2**31 - 1, 0)
+
+
+def test_a_batch_retried_after_its_commit_was_applied_after_all_is_not_settled_twice(app):
+    """The connection broke as the database committed: the batch failed here, took effect there.
+    Played with a batch that really was written and is then tried again as failed ones are."""
+    key = _limited(app)
+    s = Settlement(flush_seconds=3600)
+    first, second = _reserve(app, key), _reserve(app, key)
+    s.add(first, 0, 3, 200)
+    assert s.flush() == 1
+    s.uncertain.add(first.request_id)          # what a failed write leaves behind
+    s.add(first, 0, 3, 200)                      # ... and the same request back in the queue
+    s.add(second, 0, 5, 200)
+    assert s.flush() == 2
+    assert sorted(u.completion_tokens for u in Usage.select()) == [3, 5]
+    assert _budget() == (0.08, 0) and not s.uncertain
+    assert first.request_id.startswith("req_") and Usage.get(Usage.completion_tokens == 3).request_id \
+        == first.request_id

@@ -6,6 +6,7 @@ IMMEDIATE, so every gunicorn worker (and process) sees the others' reservations;
 PostgreSQL the counter rows are locked with SELECT … FOR UPDATE.
 """
 import time
+import uuid
 from dataclasses import dataclass, field
 
 import peewee
@@ -33,6 +34,7 @@ class Reservation:
     cost: float
     counters: list = field(default_factory=list)  # (lock order, counter id, kind)
     started: float = field(default_factory=time.monotonic)
+    request_id: str = field(default_factory=lambda: "req_" + uuid.uuid4().hex)
 
 
 def price_of(model, conf):

@@ -9,6 +9,7 @@ which admission locks them), so two control planes on PostgreSQL cannot deadlock
 """
 import atexit
 import collections
+import contextlib
 import logging
 import os
 import threading
@@ -42,6 +43,7 @@ class Settlement:
         self.pid = None
         self.dropped = 0
         self.failing_since = None
+        self.uncertain = set()  # request ids of batches that failed: perhaps committed after all
         self.closed = False
         atexit.register(self.close)
 
@@ -109,11 +111,14 @@ class Settlement:
                     batch = [self.pending.popleft() for _ in range(min(MAX_BATCH, len(self.pending)))]
                 if not batch:
                     return done
+                taken = len(batch)
                 try:
+                    if self.uncertain:
+                        batch = self._not_yet_written(batch)
                     _write(batch)
                 except Exception as e:
                     kept = self._one_by_one(batch, e)
-                    done += len(batch) - len(kept)
+                    done += taken - len(kept)
                     if kept:
                         with self.lock:
                             self.pending.extendleft(reversed(kept))
@@ -123,14 +128,29 @@ class Settlement:
                     log.warning("settling works again after %.0f s",
                                 time.monotonic() - self.failing_since)
                     self.failing_since = None
-                done += len(batch)
+                done += taken
+
+    def _not_yet_written(self, batch):
+        """Leave out the requests of a batch that failed before but whose commit the database
+        applied all the same (its answer was lost with the connection): settled once only."""
+        ids = [item[0].request_id for item in batch if item[0].request_id in self.uncertain]
+        if not ids:
+            return batch
+        with _connected():
+            written = {row.request_id for row in Usage.select(Usage.request_id).where(
+                Usage.request_id.in_(ids))}
+        self.uncertain.difference_update(ids)
+        if written:
+            log.warning("%d requests were settled by a commit whose answer was lost; they are "
+                        "not settled again", len(written))
+        return [item for item in batch if item[0].request_id not in written]
 
     def _one_by_one(self, batch, error):
         """A batch failed: unless the database is away (then all are kept), write its requests
         one at a time; one the database refuses by itself is logged and let go. Return those to
         try again."""
         if not isinstance(error, REFUSED):
-            self._failing(error, len(batch))
+            self._failing(error, len(batch), batch)
             return batch  # the database itself is away (or its schema is): keep all, in order
         for i, item in enumerate(batch):
             try:
@@ -142,11 +162,12 @@ class Settlement:
                               "reservation stays held until its window ends",
                               res.key_id, res.model, item[1], item[2])
             except Exception as e:
-                self._failing(e, len(batch) - i)
+                self._failing(e, len(batch) - i, batch[i:])
                 return batch[i:]
         return []
 
-    def _failing(self, error, count):
+    def _failing(self, error, count, batch=()):
+        self.uncertain.update(item[0].request_id for item in batch)
         if self.failing_since is None:
             self.failing_since = time.monotonic()
             log.error("settling %d requests failed (%s); their reservations stay held and they "
@@ -154,7 +175,7 @@ class Settlement:
 
 
 USAGE_COLUMNS = ("key_id", "project_id", "model", "prompt_tokens", "completion_tokens", "cost",
-                 "latency_ms", "status", "endpoint", "created")
+                 "latency_ms", "status", "endpoint", "created", "request_id")
 
 
 def _stamp(when):
@@ -174,7 +195,8 @@ def _insert_usage(rows):
 
 
 def _write(batch):
-    deltas = collections.defaultdict(lambda: [0, 0])  # (order, counter id) -> [reserved change, used change]
+    # (lock order, counter id) -> [change of reserved, change of used]
+    deltas = collections.defaultdict(lambda: [0, 0])
     rows = []  # in USAGE_COLUMNS order
     for res, prompt, completion, actual, status, endpoint, latency, ended in batch:
         for order, counter_id, what in res.counters:
@@ -187,16 +209,22 @@ def _write(batch):
                 d[0] -= res.cost
                 d[1] += actual
         rows.append((res.key_id, res.project_id, res.model, prompt, completion, actual, latency,
-                     status, endpoint, _stamp(ended)))
+                     status, endpoint, _stamp(ended), res.request_id))
+    with _connected(), transaction():
+        for (_, counter_id), (reserved, used) in sorted(deltas.items()):
+            Counter.update(reserved=Counter.reserved + reserved, used=Counter.used + used).where(
+                Counter.id == counter_id).execute()
+        _insert_usage(rows)
+
+
+@contextlib.contextmanager
+def _connected():
+    """This thread's connection for the block, given back after unless it was open before."""
     opened = database.is_closed()
     if opened:
         database.connect()
     try:
-        with transaction():
-            for (_, counter_id), (reserved, used) in sorted(deltas.items()):
-                Counter.update(reserved=Counter.reserved + reserved, used=Counter.used + used).where(
-                    Counter.id == counter_id).execute()
-            _insert_usage(rows)
+        yield
     finally:
         if opened:
             database.close()

@@ -55,7 +55,7 @@ def forward(endpoints, path, body, reservation, routes):
             which = "gateway.first_byte_timeout" if stream else "gateway.generation_timeout"
             return error(504, f"The replica did not start answering within {wait_first:g} s ({which}).",
                          "server_error", "upstream_timeout",
-                         headers={"X-Llmgw-Model": reservation.model})
+                         headers=_ids(reservation))
         except ConnectFailed as e:
             routes.inflight[endpoint] -= 1
             last = e
@@ -66,13 +66,17 @@ def forward(endpoints, path, body, reservation, routes):
         return _whole(upstream, endpoint, routes, reservation, settle, deadline, g)
     settle(reservation, 0, 0, 502)
     return error(502, f"No replica answered ({last}).", "server_error", "upstream_unreachable",
-                 headers={"X-Llmgw-Model": reservation.model})
+                 headers=_ids(reservation))
+
+
+def _ids(reservation):
+    # Which model served it (a fallback, maybe), and the id its usage row is found by.
+    return {"X-Llmgw-Model": reservation.model, "X-Request-Id": reservation.request_id}
 
 
 def _headers(upstream, reservation):
     return {"Content-Type": upstream.headers.get("Content-Type", "application/json"),
-            "X-Accel-Buffering": "no", "Cache-Control": "no-cache",
-            "X-Llmgw-Model": reservation.model}  # which model served it (a fallback, maybe)
+            "X-Accel-Buffering": "no", "Cache-Control": "no-cache", **_ids(reservation)}
 
 
 def _read(upstream, deadline, g, first=False):
@@ -114,7 +118,7 @@ def _whole(upstream, endpoint, routes, reservation, settle, deadline, g):
     except UpstreamFailed as e:
         status = e.status
         return error(e.status, f"The replica did not finish: {e}.", "server_error", e.code,
-                     headers={"X-Llmgw-Model": reservation.model})
+                     headers=_ids(reservation))
     finally:
         upstream.finish(complete)
         routes.inflight[endpoint] -= 1
