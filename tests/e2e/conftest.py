@@ -80,6 +80,21 @@ def wait_for(what, check, timeout=240, every=1.0):
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
+def fire_streams(urls, key, n=50):
+    """n concurrent streamed chats of 10 tokens, dealt round the gateway URLs in turn; return
+    [(index of the URL, status, body)]."""
+    import concurrent.futures
+
+    def one(i):
+        r = requests.post(urls[i % len(urls)] + "/v1/chat/completions", stream=True, timeout=60,
+                          headers={"Authorization": f"Bearer {key}"},
+                          json={"model": "demo", "max_tokens": 10, "stream": True,
+                                "messages": [{"role": "user", "content": "go"}]})
+        return i % len(urls), r.status_code, r.content.decode()
+    with concurrent.futures.ThreadPoolExecutor(n) as pool:
+        return list(pool.map(one, range(n)))
+
+
 def stop_served(proc, root):
     """Stop a `flask llmgw serve|demo` started in its own session, and its local node's engines."""
     os.killpg(proc.pid, signal.SIGTERM)

@@ -1,7 +1,6 @@
 """The gateway as served by gunicorn (4 gevent workers) in front of the simulated engine:
 budgets and rpm exact under 50 concurrent streams, streams relayed as they come, and a
 client that goes away stops the engine and is billed for what was generated."""
-import concurrent.futures
 import datetime
 import os
 import re
@@ -14,7 +13,7 @@ import pytest
 import requests
 
 from tests.conftest import TOP, free_port
-from tests.e2e.conftest import cli, stop_served, wait_for
+from tests.e2e.conftest import cli, fire_streams, stop_served, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -58,16 +57,8 @@ def plane(tmp_path_factory):
 
 
 
-def fire(plane, n=50):
-    def one(_):
-        r = requests.post(plane["url"] + "/v1/chat/completions",
-                          headers={"Authorization": f"Bearer {plane['key']}"}, stream=True, timeout=60,
-                          json={"model": "demo", "max_tokens": 10, "stream": True,
-                                "messages": [{"role": "user", "content": "go"}]})
-        body = r.content.decode()
-        return r.status_code, body
-    with concurrent.futures.ThreadPoolExecutor(n) as pool:
-        return list(pool.map(one, range(n)))
+def fire(plane):
+    return [(status, body) for _, status, body in fire_streams([plane["url"]], plane["key"])]
 
 
 def counters(root, kind):

@@ -1,7 +1,6 @@
 """Two control planes on one real PostgreSQL: budgets and rpm exact across both (each with
 two gunicorn workers), one reconciler leading, and the other taking over when the leader's
 machine dies — adopting the engine it left running instead of starting a second one."""
-import concurrent.futures
 import datetime
 import os
 import re
@@ -13,7 +12,7 @@ import pytest
 import requests
 
 from tests.conftest import free_port
-from tests.e2e.conftest import ControlPlane, cli, wait_for
+from tests.e2e.conftest import ControlPlane, cli, fire_streams, wait_for
 from tests.harness import pg as pgharness
 
 pytestmark = pytest.mark.e2e
@@ -83,17 +82,9 @@ def _chat(url, key, max_tokens=1):
         return None
 
 
-def _fire(planes, n=50):
-    """n concurrent streams, every other one through each control plane."""
-    def one(i):
-        plane = planes["a" if i % 2 else "b"]
-        r = requests.post(plane.url + "/v1/chat/completions", stream=True, timeout=60,
-                          headers={"Authorization": f"Bearer {planes['key']}"},
-                          json={"model": "demo", "max_tokens": 10, "stream": True,
-                                "messages": [{"role": "user", "content": "go"}]})
-        return i % 2, r.status_code, r.content.decode()
-    with concurrent.futures.ThreadPoolExecutor(n) as pool:
-        return list(pool.map(one, range(n)))
+def _fire(planes):
+    """50 concurrent streams, every other one through each control plane."""
+    return fire_streams([planes["b"].url, planes["a"].url], planes["key"])
 
 
 def _budget(planes):
