@@ -165,6 +165,19 @@ class Model(Base):
     args = JSONField(default=list)
     created = pw.DateTimeField(default=utcnow)
     fallbacks = JSONField(null=True)  # model names tried in order when this one has no replica
+    # What one replica needs; 0 / empty means "no requirement".
+    gpus = pw.IntegerField(default=0)  # whole cards per replica (with share_gpu: 1 card, shared)
+    gpu_classes = JSONField(default=list)  # e.g. ["h100-80g", "a100-80g"]; empty: any class
+    min_gpu_memory_mb = pw.IntegerField(default=0)  # per card
+    memory_mb = pw.IntegerField(default=0)  # host RAM per replica; 0: the estimate's
+    context = pw.IntegerField(default=0)  # the engine's context size; 0: the model's own
+    requires = JSONField(default=dict)  # node labels {key: value}
+    max_per_node = pw.IntegerField(default=0)  # 0: spread, several per node only when needed
+    share_gpu = pw.BooleanField(default=False)
+    on_nodes = pw.BooleanField(default=False)  # source is a path on the nodes, not copied there
+    origin = pw.TextField(default="")  # "file": declared in server.toml, changed only there
+    estimate = JSONField(null=True)  # the sizing of one replica, when its files could be read
+    verdict = JSONField(null=True)  # the last placement: summary and one line per node
 
 
 class Replica(Base):
@@ -180,6 +193,12 @@ class Replica(Base):
     failures = pw.IntegerField(default=0)
     load = pw.FloatField(null=True)  # running + queued requests, as the engine reports them
     spec = pw.TextField(default="")  # digest of what it was started with (model, args, binary)
+    # Its claim: whole cards by UUID (with the indexes shown to people), or memory on one
+    # shared card, and host RAM. Two replicas never hold the same whole card.
+    gpu_uuids = JSONField(default=list)
+    gpu_indexes = JSONField(default=list)
+    gpu_memory_mb = pw.IntegerField(default=0)
+    memory_mb = pw.IntegerField(default=0)
 
     @property
     def unit(self):

@@ -17,8 +17,7 @@ from . import leader
 from .errors import LlmgwError
 from .executors.release import ReleaseCache
 from .models import EngineInstall, LogRequest, Model, Node, Replica, database, utcnow
-from .plans import placement
-from .services import endpoints, logs, nodes
+from .services import endpoints, logs, nodes, placing
 from .services.install import Installer, converge_probed
 from .services.replicas import NodeReplicas, check_over_http
 from .plans.launch import supervisor_for
@@ -80,7 +79,7 @@ class Reconciler:
         """
         await asyncio.gather(*(self._look_bounded(n) for n in Node.select()))
         self._spawn(("endpoints",), endpoints.check_all(self.conf["_root"]))
-        self.place(list(Node.select()))
+        self.place()
         for node in Node.select():
             if node.id in self.reachable:
                 self._spawn(("install", node.id), self._installs(node.id))
@@ -134,34 +133,11 @@ class Reconciler:
             if row is None or row.binary != path or row.next_check <= utcnow():
                 await converge_probed(node, installer.t, engine, path, r["verify_interval"])
 
-    def place(self, all_nodes):
-        """Record where each model's replicas go and drop surplus replicas."""
-        facts = [{"name": n.name, "reachable": n.reachable,
-                  "installs": {i.engine: (i.state, i.detail) for i in n.installs}} for n in all_nodes]
-        by_name = {n.name: n for n in all_nodes}
-        for model in Model.select():
-            try:
-                self._place_model(model, facts, by_name)
-            except Exception:  # one model's trouble must not stop the others being placed
-                log.exception("placing model %s failed", model.name)
-
-    def _place_model(self, model, facts, by_name):
-        names = placement.replica_names(model.name, model.replicas)
-        rows = {r.name: r for r in model.replica_rows}
-        existing = {name: r.node.name for name, r in rows.items()}
-        placed, refusal = placement.assign(names, existing, placement.candidates(facts, model.engine))
-        for name, node_name in placed.items():
-            if name not in rows:
-                node = by_name[node_name]
-                used = {r.port for r in Replica.select().where(Replica.node == node)}
-                port = placement.free_port(used, self.conf["reconciler"]["port_range"])
-                Replica.create(name=name, model=model, node=node, port=port,
-                               detail=f"placed on {node_name}")
-        if refusal:
-            log.warning("model %s: %s", model.name, refusal)
-        for name, row in rows.items():
-            if name not in names:
-                row.delete_instance()  # its unit is an orphan now, stopped on the next pass
+    def place(self):
+        """Record where each model's replicas go (node and cards) and drop surplus replicas."""
+        nodes, models, replicas = placing.snapshot()
+        result = placing.plan(nodes, models, replicas)
+        placing.Applier(nodes, models, replicas, self.conf["reconciler"]["port_range"]).apply(result)
 
     async def _replicas(self, node_id):
         """Look at the node's engines now, then give each replica a task of its own.

@@ -43,46 +43,6 @@ def test_the_simulated_engine_needs_python3():
         choose("sim", "builtin", {"tools": []})
 
 
-def nodes(*specs):
-    return [{"name": n, "reachable": r, "installs": {"llamacpp": (s, "")}} for n, r, s in specs]
-
-
-def test_a_node_still_installing_is_not_a_candidate():
-    cands = placement.candidates(nodes(("a", True, "installing"), ("b", True, "ready")), "llamacpp")
-    assert [(c.node, c.ok) for c in cands] == [("a", False), ("b", True)]
-    assert cands[0].reason == "llamacpp installing"
-
-
-def test_replicas_spread_over_ready_nodes():
-    cands = placement.candidates(nodes(("a", True, "ready"), ("b", True, "ready")), "llamacpp")
-    placed, refusal = placement.assign(["m-0", "m-1"], {}, cands)
-    assert sorted(placed.values()) == ["a", "b"] and refusal == ""
-
-
-def test_the_first_node_ready_takes_only_its_share_while_another_installs():
-    installing = placement.candidates(nodes(("a", True, "ready"), ("b", True, "installing")), "llamacpp")
-    placed, refusal = placement.assign(["m-0", "m-1"], {}, installing)
-    assert placed == {"m-0": "a"}
-    assert refusal == "waiting for a node to finish installing (b: llamacpp installing)"
-    ready = placement.candidates(nodes(("a", True, "ready"), ("b", True, "ready")), "llamacpp")
-    assert placement.assign(["m-0", "m-1"], placed, ready)[0] == {"m-0": "a", "m-1": "b"}
-    failed = placement.candidates(nodes(("a", True, "ready"), ("b", True, "failed")), "llamacpp")
-    assert placement.assign(["m-0", "m-1"], placed, failed) == ({"m-0": "a", "m-1": "a"}, "")
-
-
-def test_a_recorded_replica_stays_where_it_runs():
-    cands = placement.candidates(nodes(("a", True, "ready"), ("b", True, "ready")), "llamacpp")
-    placed, _ = placement.assign(["m-0", "m-1"], {"m-0": "b"}, cands)
-    assert placed["m-0"] == "b" and placed["m-1"] == "a"
-
-
-def test_no_candidate_gives_a_refusal_naming_each_node():
-    cands = placement.candidates(nodes(("a", False, "ready"), ("b", True, "failed")), "llamacpp")
-    placed, refusal = placement.assign(["m-0"], {}, cands)
-    assert placed == {}
-    assert refusal == "no node can run it (a: unreachable; b: llamacpp failed)"
-
-
 def test_free_port_skips_used_ones():
     assert placement.free_port({18000, 18001}, "18000-18010") == 18002
     with pytest.raises(ValueError, match="widen reconciler.port_range"):

@@ -1,17 +1,81 @@
 """The argv that starts, finds and stops an engine under systemd or the setsid fallback."""
 import posixpath
+from dataclasses import dataclass
 
 # Every unit llmgw starts carries this description; listings trust nothing else.
 DESCRIPTION = "llmgw engine"
 
 
-def engine_argv(engine, binary, model_path, model_name, port, extra_args, host="0.0.0.0"):
+@dataclass(frozen=True)
+class Serve:
+    """What one replica's engine is started with, beyond its binary."""
+
+    engine: str
+    binary: str
+    model_path: str
+    model_name: str
+    port: int
+    args: tuple = ()
+    host: str = "0.0.0.0"
+    cards: tuple = ()  # the claimed GPU UUIDs
+    card_fraction: float = 0.0  # of each card's memory the engine may take; 0: the engine's own
+    context: int = 0
+    cuda: bool = False  # the engine build offloads to NVIDIA GPUs
+
+
+def engine_argv(s):
     """Return the engine's own argv for one replica, listening on host:port."""
-    if engine == "sim":
-        return ["python3", binary, "--model", model_name, "--host", host,
-                "--port", str(port), *extra_args]
-    return [binary, "-m", model_path, "--alias", model_name, "--host", host,
-            "--port", str(port), "--metrics", *extra_args]
+    if s.engine == "sim":
+        return ["python3", s.binary, "--model", s.model_name, "--host", s.host,
+                "--port", str(s.port), *s.args]
+    if s.engine == "vllm":
+        return [s.binary, "serve", s.model_path, "--served-model-name", s.model_name,
+                "--host", s.host, "--port", str(s.port), *_vllm_sizes(s), *s.args]
+    if s.engine == "sglang":
+        return [s.binary, "-m", "sglang.launch_server", "--model-path", s.model_path,
+                "--served-model-name", s.model_name, "--host", s.host, "--port", str(s.port),
+                *_sglang_sizes(s), *s.args]
+    return [s.binary, "-m", s.model_path, "--alias", s.model_name, "--host", s.host,
+            "--port", str(s.port), "--metrics", *_llamacpp_sizes(s), *s.args]
+
+
+def _llamacpp_sizes(s):
+    out = []
+    if s.cards and s.cuda:
+        # Every layer on the cards; several cards split the layers evenly between them.
+        out += ["-ngl", "999"]
+        if len(s.cards) > 1:
+            out += ["--split-mode", "layer", "--tensor-split", ",".join("1" for _ in s.cards)]
+    if s.context:
+        out += ["--ctx-size", str(s.context)]
+    return out
+
+
+def _vllm_sizes(s):
+    out = ["--tensor-parallel-size", str(max(len(s.cards), 1))]
+    if s.card_fraction:
+        out += ["--gpu-memory-utilization", f"{s.card_fraction:.2f}"]
+    if s.context:
+        out += ["--max-model-len", str(s.context)]
+    return out
+
+
+def _sglang_sizes(s):
+    out = ["--tp", str(max(len(s.cards), 1))]
+    if s.card_fraction:
+        out += ["--mem-fraction-static", f"{s.card_fraction:.2f}"]
+    if s.context:
+        out += ["--context-length", str(s.context)]
+    return out
+
+
+def gpu_env(cards):
+    """Return the environment that pins an engine to its claimed cards (none: no GPU at all).
+
+    UUIDs, not indexes: CUDA's own numbering follows its idea of the fastest card first unless
+    told to use PCI bus order, and a UUID names the same card whatever the order.
+    """
+    return {"CUDA_VISIBLE_DEVICES": ",".join(cards), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
 def supervisor_for(facts):
@@ -27,12 +91,13 @@ def log_path(base_dir, unit):
     return posixpath.join(base_dir, "logs", f"{unit}.log")
 
 
-def start_argv(supervisor, unit, argv, base_dir):
+def start_argv(supervisor, unit, argv, base_dir, env=None):
     """Return the argv that starts argv as unit under the supervisor and returns at once."""
+    env = env or {}
     if supervisor == "systemd":
         return ["systemd-run", f"--unit={unit}", "--property=Restart=on-failure",
                 "--property=RestartSec=2", f"--description={DESCRIPTION} {unit}",
-                "--collect", *argv]
+                *(f"--setenv={k}={v}" for k, v in sorted(env.items())), "--collect", *argv]
     pidfile = posixpath.join(run_dir(base_dir), f"{unit}.pid")
     log = log_path(base_dir, unit)
     # $0 is the unit name and "$@" the engine: the pidfile holds the engine's own pid
@@ -40,7 +105,7 @@ def start_argv(supervisor, unit, argv, base_dir):
     script = ('mkdir -p "$(dirname "$PIDFILE")" "$(dirname "$LOG")"; '
               'echo $$ > "$PIDFILE"; exec "$@" >>"$LOG" 2>&1 </dev/null')
     return ["env", f"PIDFILE={pidfile}", f"LOG={log}", "LLMGW_UNIT=" + unit,
-            "setsid", "-f", "sh", "-c", script, unit, *argv]
+            *(f"{k}={v}" for k, v in sorted(env.items())), "setsid", "-f", "sh", "-c", script, unit, *argv]
 
 
 def list_argv(supervisor, base_dir):

@@ -72,10 +72,17 @@ async def check_over_http(rows):
 _model_locks = {}
 
 
-def spec_of(model, install):
-    """Return a digest of everything a replica's engine is started from."""
-    what = json.dumps([model.engine, model.source, model.sha256, model.args or [], install.binary])
-    return hashlib.sha256(what.encode()).hexdigest()[:16]
+def spec_of(model, install, replica):
+    """Return a digest of everything a replica's engine is started from, its cards included.
+
+    The parts added for GPUs and context count only when set, so a CPU replica started before
+    they existed keeps its digest and is not restarted by an upgrade.
+    """
+    parts = [model.engine, model.source, model.sha256, model.args or [], install.binary]
+    pinned = [list(replica.gpu_uuids or []), replica.gpu_memory_mb, model.context, model.on_nodes]
+    if any(pinned):
+        parts.append(pinned)
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
 
 def _set(replica, state, detail="", **fields):
@@ -123,6 +130,13 @@ class NodeReplicas:
             _set(replica, "failed", str(e) or type(e).__name__, failures=replica.failures + 1)
 
     async def _step(self, replica, is_running):
+        if replica.state == "moving":
+            # Its cards were taken from it (one turned unhealthy, or the model needs others):
+            # stop it now, not when it is its turn to restart, then start it on its new claim.
+            if is_running:
+                await self.stop(replica)
+            await self.start(replica)
+            return
         if is_running and await self._restart_if_changed(replica):
             return
         ok = False
@@ -157,7 +171,7 @@ class NodeReplicas:
         """Stop a replica started from an older model or engine, one of a model at a time."""
         install = EngineInstall.get_or_none(node=self.node, engine=replica.model.engine)
         if not replica.spec or install is None or install.state != "ready" \
-                or replica.spec == spec_of(replica.model, install):
+                or replica.spec == spec_of(replica.model, install, replica):
             return False
         lock = _model_locks.setdefault(replica.model_id, asyncio.Lock())
         async with lock:  # replicas on other nodes decide in turn, never all at once
@@ -187,22 +201,44 @@ class NodeReplicas:
         if install is None or install.state != "ready":
             _set(replica, "pending", f"waiting for {model.engine} to be ready on {self.node.name}")
             return
-        _set(replica, "fetching", f"copying {model.name}'s file to {self.node.name}")
-        path = await weights.ensure_on_node(self.t, self.node.base_dir, model,
-                                            self.conf["engines"]["cache"])
+        if model.on_nodes:
+            path = await weights.check_on_node(self.t, model, self.node.name)
+        else:
+            _set(replica, "fetching", f"copying {model.name}'s file to {self.node.name}")
+            path = await weights.ensure_on_node(self.t, self.node.base_dir, model,
+                                                self.conf["engines"]["cache"])
         if not Replica.select().where(Replica.id == replica.id).exists():
             return  # removed (remove-node, fewer replicas) while its file was being copied
         await self.t.run(launch.stop_argv(self.supervisor, replica.unit, self.node.base_dir))
         await self._take_free_port(replica)
+        serve = self._serve(replica, model, install, path)
+        argv = launch.start_argv(self.supervisor, replica.unit, launch.engine_argv(serve),
+                                 self.node.base_dir, launch.gpu_env(serve.cards))
+        await self.t.check(argv, what=f"starting {replica.unit}")
+        cards = f" on GPU {', '.join(str(i) for i in replica.gpu_indexes)}" if replica.gpu_uuids else ""
+        _set(replica, "starting", f"started as {replica.unit} under {self.supervisor}{cards}; "
+                                  f"waiting for /health",
+             supervisor=self.supervisor, endpoint=endpoint_of(self.node, replica.port),
+             spec=spec_of(model, install, replica))
+
+    def _serve(self, replica, model, install, path):
         # The control plane reaches a local node on loopback; nothing else should.
         host = "127.0.0.1" if self.node.transport == "local" else "0.0.0.0"
-        argv = launch.engine_argv(model.engine, install.binary, path, model.name, replica.port,
-                                  model.args or [], host)
-        await self.t.check(launch.start_argv(self.supervisor, replica.unit, argv, self.node.base_dir),
-                           what=f"starting {replica.unit}")
-        _set(replica, "starting", f"started as {replica.unit} under {self.supervisor}; waiting for /health",
-             supervisor=self.supervisor, endpoint=endpoint_of(self.node, replica.port),
-             spec=spec_of(model, install))
+        return launch.Serve(
+            engine=model.engine, binary=install.binary, model_path=path, model_name=model.name,
+            port=replica.port, args=tuple(model.args or ()), host=host,
+            cards=tuple(replica.gpu_uuids or ()), context=model.context,
+            card_fraction=self._card_fraction(replica), cuda=install.variant.startswith("cuda"))
+
+    def _card_fraction(self, replica):
+        """Return how much of its card(s) the engine may take: its share, or 0.9 of whole ones."""
+        if not replica.gpu_uuids:
+            return 0.0
+        if not replica.gpu_memory_mb:
+            return 0.9
+        cards = {g.get("uuid"): g for g in (self.node.facts or {}).get("gpus", [])}
+        total = (cards.get(replica.gpu_uuids[0]) or {}).get("memory_mib") or 0
+        return int(100 * replica.gpu_memory_mb / total) / 100 if total else 0.0
 
     async def _take_free_port(self, replica):
         """Move the replica to another port when something else on the node listens on its own."""

@@ -64,3 +64,15 @@ async def ensure_on_node(transport, base_dir, model, cache_dir):
                            f"{(got or ['?'])[0][:12]}…, expected {model.sha256[:12]}…)")
     await transport.check(["mv", path + ".partial", path], timeout=LONG_FILE_SECONDS)
     return path
+
+
+async def check_on_node(transport, model, node_name):
+    """Return the model's path when it is already on the node, as --on-nodes promised."""
+    directory = model.engine in ("vllm", "sglang")
+    probe = ["test", "-f", posixpath.join(model.source, "config.json") if directory else model.source]
+    if not (await transport.run(probe)).ok:
+        what = "a directory with config.json" if directory else "a file"
+        raise InstallError(f"{model.source} is not {what} on {node_name}; the model was added with "
+                           f"--on-nodes, so put it at that path on every node it may run on "
+                           f"(shared storage or a copy), or add it from a file on the control plane")
+    return model.source
