@@ -95,6 +95,7 @@ def load(root=None):
     path = config_path(root)
     conf = copy.deepcopy(DEFAULTS)
     conf["node_engines"] = {}
+    conf["models"] = {}
     if path.exists():
         try:
             found = tomllib.loads(path.read_text())
@@ -129,8 +130,21 @@ def _node_engines(found, path):
     return table
 
 
+def _declared_models(found, path):
+    """Return {name: ModelSpec} from the [models.NAME] tables, each checked."""
+    from .plans import modelspec
+    table = found.pop("models", {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: [models] must hold [models.NAME] tables.")
+    try:
+        return {name: modelspec.from_table(name, spec, path) for name, spec in table.items()}
+    except modelspec.SpecError as e:
+        raise ConfigError(str(e)) from e
+
+
 def _merge(conf, found, path):
     conf["node_engines"] = _node_engines(found, path)
+    conf["models"] = _declared_models(found, path)
     for section, values in found.items():
         if section not in conf or not isinstance(values, dict):
             raise ConfigError(f"{path}: unknown section [{section}]. Known sections: "

@@ -17,7 +17,7 @@ from . import leader
 from .errors import LlmgwError
 from .executors.release import ReleaseCache
 from .models import EngineInstall, LogRequest, Model, Node, Replica, database, utcnow
-from .services import endpoints, logs, nodes, placing
+from .services import catalog, endpoints, logs, nodes, placing
 from .services.install import Installer, converge_probed
 from .services.replicas import NodeReplicas, check_over_http
 from .plans.launch import supervisor_for
@@ -256,6 +256,8 @@ def main(conf, once=False):
             time.sleep(STANDBY_POLL_SECONDS)
         log.info("leading: pid %d holds %s", os.getpid(), lock.describe())
         database.connect(reuse_if_open=True)
+        for line in catalog.sync_declared(conf):
+            log.info("declared models: %s", line)
         lost = asyncio.run(_lead(Reconciler(conf), lock, once))
         if not database.is_closed():
             database.close()

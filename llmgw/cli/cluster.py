@@ -1,16 +1,13 @@
-"""`flask llmgw add-node | nodes | model add | logs`."""
+"""`flask llmgw add-node | remove-node | discover | engine-check | nodes | logs | endpoint`."""
 import os
-import re
 
 import click
 
 from ..errors import LlmgwError
-from ..models import Endpoint, Model, Node, NodeEvent, Replica
+from ..models import Endpoint, Node, NodeEvent, Replica
 from ..plans.launch import supervisor_for
-from ..plans.placement import slug
 from ..services import logs as logsvc
-from ..services import endpoints, install, nodes, weights
-from ..executors.release import sha256_file
+from ..services import endpoints, install, nodes
 from . import conf, echo_json, llmgw, root_option, run_async
 
 
@@ -152,55 +149,6 @@ def list_nodes(as_json):
             click.echo(f"    {i['engine']} {i['version']}: {i['state']}  {i['detail']}")
         for r in n["replicas"]:
             click.echo(f"    replica {r['name']}: {r['state']}  {r['detail']}")
-
-
-@llmgw.group("model")
-def model():
-    """The model catalog."""
-
-
-@model.command("add")
-@click.argument("name")
-@click.option("--file", "source", default="", help="A GGUF file on this machine, or an http(s) URL.")
-@click.option("--replicas", default=1, show_default=True, type=click.IntRange(0, 64))
-@click.option("--engine", default="llamacpp", show_default=True, type=click.Choice(["llamacpp", "sim"]))
-@click.option("--sha256", default="", help="The file's checksum, when known (a URL is checked against it).")
-@click.option("--arg", "args", multiple=True, help="An extra engine argument (repeatable), e.g. --arg=-t --arg=1.")
-@click.option("--fallback", "fallbacks", multiple=True,
-              help="A model to serve requests when this one has no ready replica (repeatable, in order).")
-@root_option
-def model_add(name, source, replicas, engine, sha256, args, fallbacks):
-    """Add or update a model; the reconciler places its replicas and copies its file to them."""
-    if not name or len(name) > 128 or any(c.isspace() for c in name):
-        raise LlmgwError(f"{name!r} is not a usable model name: no spaces, at most 128 characters.")
-    if engine != "sim" and not source:
-        raise LlmgwError("--file is required for a llamacpp model (a GGUF path or URL).")
-    sha256 = sha256.strip().lower()
-    if sha256 and not re.fullmatch(r"[0-9a-f]{64}", sha256):
-        raise LlmgwError(f"--sha256 {sha256!r} is not a sha256 checksum (64 hex digits).")
-    if source:
-        kind, source = weights.check_source(source)
-        if kind == "path":
-            actual = sha256_file(source)
-            if sha256 and sha256 != actual:
-                raise LlmgwError(f"--sha256 {sha256[:12]}… does not match {source} ({actual[:12]}…).")
-            sha256 = actual
-        # A URL without --sha256 learns its checksum from the first download.
-    row = Model.get_or_none(Model.name == name)
-    clash = next((m for m in Model.select() if m.name != name and slug(m.name) == slug(name)), None)
-    if clash:
-        raise LlmgwError(f"model {name!r} would name its replicas like {clash.name!r} "
-                         f"({slug(name)}-0, …); choose a name that differs in more than case or "
-                         f"punctuation.")
-    if name in fallbacks:
-        raise LlmgwError(f"model {name!r} cannot be its own fallback.")
-    fields = dict(engine=engine, source=source, sha256=sha256, replicas=replicas, args=list(args),
-                  fallbacks=list(fallbacks) or None)
-    if row:
-        Model.update(**fields).where(Model.id == row.id).execute()
-    else:
-        Model.create(name=name, **fields)
-    click.echo(f"{'updated' if row else 'added'} model {name}: {replicas} replica(s) of {engine}")
 
 
 @llmgw.command("logs")
