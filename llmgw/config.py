@@ -45,6 +45,7 @@ DEFAULTS = {
         "package_lock_retry": 10,
         "health_timeout": 180,
         "port_range": "18000-18999",
+        "gpu_check_interval": 30,
     },
     "accounts": {
         "signup": "closed",

@@ -36,6 +36,7 @@ class Reconciler:
         self.transports = {}
         self.reachable = set()  # nodes SSH reached this pass
         self.tasks = {}
+        self.gpus_checked = {}  # node id -> when nvidia-smi was last asked
         e = conf["engines"]
         self.releases = ReleaseCache(e["cache"], e["github_api"], e["github_download"])
 
@@ -105,6 +106,10 @@ class Reconciler:
             t = self.transport(node)
             if node.discovered is None or (utcnow() - node.discovered).total_seconds() > REDISCOVER_SECONDS:
                 await nodes.rediscover(node, t)
+                self.gpus_checked[node.id] = time.monotonic()
+            elif (node.facts or {}).get("gpus") and self._gpu_check_due(node.id):
+                # A card that turns sick must lose its replicas within a minute, not five.
+                await nodes.check_gpus(node, t)
             else:
                 await t.check(["true"], what="reaching the node")
             self.reachable.add(node.id)
@@ -116,6 +121,13 @@ class Reconciler:
                 await stale.close()
             node.reachable, node.last_error = False, str(e)
         node.save(only=[Node.reachable, Node.last_seen, Node.last_error])
+
+    def _gpu_check_due(self, node_id):
+        now = time.monotonic()
+        if now - self.gpus_checked.get(node_id, 0) < self.conf["reconciler"]["gpu_check_interval"]:
+            return False
+        self.gpus_checked[node_id] = now
+        return True
 
     async def _installs(self, node_id):
         node = Node.get_or_none(Node.id == node_id)

@@ -148,3 +148,42 @@ def test_a_session_sticks_to_its_endpoint_while_it_is_not_overloaded():
     assert all(routing.order(eps, {}, t, session="alice")[0] == home for t in range(5))
     busy = {home: 10}
     assert routing.order(eps, busy, 0, session="alice")[0] != home
+
+
+UUIDS = ("GPU-aaaa", "GPU-bbbb")
+
+
+def test_systemd_units_carry_the_cards_in_their_environment():
+    argv = launch.start_argv("systemd", "llmgw-m-0", ["x"], "/opt/llmgw", launch.gpu_env(UUIDS))
+    assert "--setenv=CUDA_VISIBLE_DEVICES=GPU-aaaa,GPU-bbbb" in argv
+    assert "--setenv=CUDA_DEVICE_ORDER=PCI_BUS_ID" in argv
+    assert argv.index("--collect") < argv.index("x")
+    cpu = launch.start_argv("setsid", "llmgw-c-0", ["x"], "/opt/llmgw", launch.gpu_env(()))
+    assert "CUDA_VISIBLE_DEVICES=" in cpu and cpu.index("CUDA_VISIBLE_DEVICES=") < cpu.index("setsid")
+
+
+def serve(engine, **kw):
+    base = dict(engine=engine, binary="/opt/bin/x", model_path="/srv/m", model_name="qwen", port=18001)
+    return launch.engine_argv(launch.Serve(**base, **kw))
+
+
+def test_llamacpp_offloads_every_layer_and_splits_only_on_a_cuda_build():
+    argv = serve("llamacpp", cards=UUIDS, cuda=True, context=8192)
+    assert argv[argv.index("-ngl") + 1] == "999"
+    assert argv[argv.index("--tensor-split") + 1] == "1,1"
+    assert argv[argv.index("--ctx-size") + 1] == "8192"
+    assert "-ngl" not in serve("llamacpp", cards=UUIDS, cuda=False)
+    assert "--tensor-split" not in serve("llamacpp", cards=UUIDS[:1], cuda=True)
+
+
+def test_vllm_and_sglang_take_their_parallel_size_and_memory_share_from_the_claim():
+    vllm = serve("vllm", cards=UUIDS, card_fraction=0.9, context=4096, args=("--enforce-eager",))
+    assert vllm[:3] == ["/opt/bin/x", "serve", "/srv/m"]
+    assert vllm[vllm.index("--served-model-name") + 1] == "qwen"
+    assert vllm[vllm.index("--tensor-parallel-size") + 1] == "2"
+    assert vllm[vllm.index("--gpu-memory-utilization") + 1] == "0.90"
+    assert vllm[vllm.index("--max-model-len") + 1] == "4096" and vllm[-1] == "--enforce-eager"
+    sg = serve("sglang", cards=UUIDS[:1], card_fraction=0.43)
+    assert sg[:5] == ["/opt/bin/x", "-m", "sglang.launch_server", "--model-path", "/srv/m"]
+    assert sg[sg.index("--tp") + 1] == "1" and sg[sg.index("--mem-fraction-static") + 1] == "0.43"
+    assert sg[sg.index("--port") + 1] == "18001"

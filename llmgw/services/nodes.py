@@ -7,7 +7,7 @@ import asyncssh
 from ..errors import HostKeyMismatch, LlmgwError, NodeError
 from ..executors import ssh
 from ..executors.transport import LocalTransport
-from ..facts import changes, host
+from ..facts import changes, gpu, host
 from ..models import Node, NodeEvent, Replica, database, utcnow
 from ..plans import launch, nodespec
 from .replicas import running_units
@@ -90,6 +90,21 @@ async def rediscover(node, transport):
         log_event(node, sentence)
     node.facts, node.discovered = facts, utcnow()
     node.save(only=[Node.facts, Node.discovered])  # never undo an add-node made meanwhile
+    return node
+
+
+async def check_gpus(node, transport):
+    """Ask nvidia-smi again (cheaper than a discovery); log cards turning sick or well, store."""
+    result = await transport.run(gpu.QUERY_ARGV, timeout=30)
+    if not result.ok and not result.stdout.strip():
+        return node  # nvidia-smi itself failed: the next discovery says what is wrong
+    gpus = gpu.parse_gpus(result.stdout + "\n" + result.stderr)
+    facts = dict(node.facts or {}, gpus=gpus)
+    for sentence in changes.describe(node.facts or {}, facts):
+        log_event(node, sentence)
+    if gpus != (node.facts or {}).get("gpus"):
+        node.facts = facts
+        node.save(only=[Node.facts])
     return node
 
 
