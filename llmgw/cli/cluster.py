@@ -7,7 +7,7 @@ from ..errors import LlmgwError
 from ..models import Endpoint, Node, NodeEvent, Replica
 from ..plans.launch import supervisor_for
 from ..services import logs as logsvc
-from ..services import endpoints, install, nodes
+from ..services import cards, endpoints, install, nodes
 from . import conf, echo_json, llmgw, root_option, run_async
 
 
@@ -136,8 +136,7 @@ def list_nodes(as_json):
                     "supervisor": supervisor_for(n.facts or {}),
                     "installs": [{"engine": i.engine, "version": i.version, "variant": i.variant,
                                   "state": i.state, "detail": i.detail} for i in n.installs],
-                    "gpus": [{k: g[k] for k in ("index", "name", "class", "healthy", "reason")}
-                             for g in (n.facts or {}).get("gpus", [])],
+                    "gpus": cards.node_cards(n),
                     "replicas": [{"name": r.name, "state": r.state, "endpoint": r.endpoint,
                                   "load": r.load, "detail": r.detail} for r in n.replicas]})
     if as_json:
@@ -147,6 +146,10 @@ def list_nodes(as_json):
                    f"{'reachable' if n['reachable'] else 'UNREACHABLE ' + n['last_error']}")
         for i in n["installs"]:
             click.echo(f"    {i['engine']} {i['version']}: {i['state']}  {i['detail']}")
+        for g in n["gpus"]:
+            health = "healthy" if g["healthy"] else f"UNHEALTHY: {g['reason']}"
+            click.echo(f"    GPU {g['index'] if g['index'] is not None else '?'} {g['class'] or g['bus_id']} "
+                       f"{g['uuid']} {health}; {', '.join(g['claimed_by']) or 'free'}")
         for r in n["replicas"]:
             click.echo(f"    replica {r['name']}: {r['state']}  {r['detail']}")
 

@@ -2,10 +2,11 @@
 import click
 
 from ..errors import LlmgwError
-from ..models import Model, Replica
+from ..models import Model
 from ..plans import modelspec
 from ..plans.modelspec import ModelSpec, SpecError
 from ..services import catalog, placing
+from ..services.model_views import model_view, needs_text
 from . import conf, echo_json, llmgw, root_option, run_async
 
 
@@ -93,7 +94,7 @@ def model_add(name, **given):
     except SpecError as e:
         raise LlmgwError(str(e)) from e
     row, created, warnings = catalog.add(spec, conf())
-    click.echo(f"{'added' if created else 'updated'} model {row.name}: {_needs_text(row)}")
+    click.echo(f"{'added' if created else 'updated'} model {row.name}: {needs_text(row)}")
     _after_change(row, warnings)
 
 
@@ -110,7 +111,7 @@ def model_set(name, no_args, no_fallbacks, no_require, **given):
         raise LlmgwError(f"nothing to change: give the settings to change, e.g. "
                          f"`flask llmgw model set {name} --replicas 2`.")
     row, warnings = catalog.change(name, conf(), **changes)
-    click.echo(f"changed model {row.name} ({', '.join(sorted(changes))}): {_needs_text(row)}")
+    click.echo(f"changed model {row.name} ({', '.join(sorted(changes))}): {needs_text(row)}")
     _after_change(row, warnings)
 
 
@@ -131,44 +132,6 @@ def model_remove(name, force):
     click.echo(f"removed model {name}" + (f"; stopped {', '.join(stopped)}" if stopped else "; no replica was running"))
     for line in left:
         click.echo(f"warning: {line}", err=True)
-
-
-def model_view(m):
-    """Return one model as a dict for --json and the pages."""
-    reps = list(Replica.select().where(Replica.model == m).order_by(Replica.name))
-    return {"name": m.name, "engine": m.engine, "source": m.source, "on_nodes": m.on_nodes,
-            "sha256": m.sha256, "replicas": m.replicas, "ready": sum(r.state == "ready" for r in reps),
-            "gpus": m.gpus, "gpu_classes": m.gpu_classes or [], "min_gpu_memory_mb": m.min_gpu_memory_mb,
-            "memory_mb": m.memory_mb, "context": m.context, "requires": m.requires or {},
-            "max_per_node": m.max_per_node, "share_gpu": m.share_gpu, "args": m.args or [],
-            "fallbacks": m.fallbacks or [], "origin": m.origin or "cli", "estimate": m.estimate,
-            "needs": _needs_text(m), "placement": (m.verdict or {}).get("summary", "not placed yet"),
-            "replica_rows": [replica_view(r) for r in reps]}
-
-
-def replica_view(r):
-    return {"name": r.name, "node": r.node.name, "port": r.port, "state": r.state, "detail": r.detail,
-            "gpu_indexes": r.gpu_indexes or [], "gpu_uuids": r.gpu_uuids or [],
-            "gpu_memory_mb": r.gpu_memory_mb, "memory_mb": r.memory_mb, "endpoint": r.endpoint}
-
-
-def _needs_text(m):
-    need = placing.need_of(m)
-    parts = [f"{m.replicas} replica(s) of {m.engine}"]
-    if need.shares:
-        parts.append(f"{need.share_mb} MiB of one {need.class_words()} card, shared")
-    elif need.gpus:
-        parts.append(f"{need.gpus} × {need.class_words()} each")
-    else:
-        parts.append("CPU only")
-    if need.min_card_mb and not need.shares:
-        parts.append(f"≥ {need.min_card_mb} MiB per card")
-    if need.memory_mb:
-        parts.append(f"{need.memory_mb} MiB RAM" + ("" if m.memory_mb else " (estimated)"))
-    parts += [f"{k}={v}" for k, v in need.requires]
-    if need.max_per_node:
-        parts.append(f"at most {need.max_per_node} per node")
-    return ", ".join(parts)
 
 
 @llmgw.command("models")
@@ -249,7 +212,7 @@ def explain(name, as_json):
     """Say where a model's replicas run and, node by node, why one could or could not take one."""
     m = catalog.get(name)
     lines, result = placing.explain(m)
-    view = {"model": m.name, "needs": _needs_text(m), "summary": result.verdicts[m.name]["summary"],
+    view = {"model": m.name, "needs": needs_text(m), "summary": result.verdicts[m.name]["summary"],
             "replicas": model_view(m)["replica_rows"],
             "nodes": [{k: line[k] for k in ("node", "ok", "reason")} for line in lines]}
     if as_json:

@@ -2,7 +2,7 @@
 from flask import Blueprint, abort, render_template, request, url_for
 
 from ..models import EngineInstall, LogRequest, Model, Node, NodeEvent, Replica, utcnow
-from ..plans import placement
+from ..services import cards
 from ..plans.launch import supervisor_for
 from . import admin_required, is_htmx
 
@@ -11,7 +11,7 @@ REQUEST_PATIENCE_SECONDS = 15
 
 
 def cluster_view():
-    """Return what the cluster page shows: nodes with installs and replicas, models and refusals."""
+    """Return what the cluster page shows: nodes with installs, cards and replicas, and models."""
     nodes = list(Node.select().order_by(Node.name))
     installs = {}
     for row in EngineInstall.select():
@@ -19,19 +19,25 @@ def cluster_view():
     replicas = {}
     for row in Replica.select(Replica, Model).join(Model).order_by(Replica.name):
         replicas.setdefault(row.node_id, []).append(row)
-    facts = [{"name": n.name, "reachable": n.reachable,
-              "installs": {i.engine: (i.state, i.detail) for i in installs.get(n.id, [])}}
-             for n in nodes]
+    rows = cards.fleet_cards(nodes)
+    gpus = {n.id: cards.totals(rows[n.id]) for n in nodes}
     models = []
     for m in Model.select().order_by(Model.name):
-        ready = sum(1 for rs in replicas.values() for r in rs if r.model_id == m.id and r.state == "ready")
-        placed = sum(1 for rs in replicas.values() for r in rs if r.model_id == m.id)
-        why = ""
-        if placed < m.replicas:
-            cands = placement.candidates(facts, m.engine)
-            why = "; ".join(f"{c.node}: {c.reason}" for c in cands if not c.ok) or "no nodes yet"
-        models.append({"model": m, "ready": ready, "placed": placed, "why": why})
+        mine = [r for rs in replicas.values() for r in rs if r.model_id == m.id]
+        verdict = m.verdict or {}
+        why = verdict.get("summary", "not placed yet") if verdict.get("placed", 0) < m.replicas else ""
+        models.append({"model": m, "ready": sum(r.state == "ready" for r in mine),
+                       "placed": len(mine), "why": why})
+    every = {"total": sum(g["total"] for g in gpus.values()),
+             "healthy": sum(g["healthy"] for g in gpus.values()),
+             "free": sum(g["free"] for g in gpus.values()), "by_class": {}}
+    for g in gpus.values():
+        for cls, (free, total) in g["by_class"].items():
+            have = every["by_class"].setdefault(cls, [0, 0])
+            have[0] += free
+            have[1] += total
     return {"nodes": nodes, "installs": installs, "replicas": replicas, "models": models,
+            "gpus": gpus, "all_gpus": every,
             "supervisor": {n.id: supervisor_for(n.facts or {}) for n in nodes}}
 
 
@@ -60,7 +66,8 @@ def node_page(name):
     req = _ask(node, source, "") if source else None
     events = list(node.events.order_by(NodeEvent.id.desc()).limit(50))
     return render_template("node.html", node=node, replicas=reps, source=source, req=req, events=events,
-                           installs=list(node.installs), supervisor=supervisor_for(node.facts or {}))
+                           installs=list(node.installs), supervisor=supervisor_for(node.facts or {}),
+                           gpus=cards.node_cards(node))
 
 
 def _ask(node, source, cursor):

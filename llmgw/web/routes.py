@@ -14,6 +14,14 @@ from ..plans import routing
 from .upstream_http import Upstreams
 
 
+def _placement_why(model):
+    """Return the placement's verdict when replicas are missing: the 503 quotes it."""
+    verdict = model.verdict or {}
+    if verdict and verdict.get("placed", 0) < verdict.get("wanted", 0):
+        return [f"placement: {verdict['summary']}"]
+    return []
+
+
 class Routes:
     def __init__(self):
         self.lock = threading.Lock()
@@ -30,7 +38,7 @@ class Routes:
         if time.monotonic() - self.loaded < max_age:
             return
         with self.lock:
-            models = {m.name: {"ready": [], "why": [], "fallbacks": m.fallbacks or []}
+            models = {m.name: {"ready": [], "why": _placement_why(m), "fallbacks": m.fallbacks or []}
                       for m in Model.select()}
             load = {}
             query = (Replica.select(Replica, Model, Node).join(Model).switch(Replica).join(Node))
