@@ -80,6 +80,9 @@ class NodeState:
         self.by_uuid = {c.uuid: c for c in self.cards if c.uuid}
         self.per_model = {}  # model -> replicas here
         self.replicas = 0
+        # card_refusal() per (gpus, classes, min_card_mb, share_mb): it reads only the cards'
+        # class, size and count, which a pass never changes, and it is asked per node per need.
+        self.card_refusals = {}
 
     # --- the parts of a verdict that do not change during a pass ---------------------------
     def static_refusal(self, need):
@@ -100,12 +103,22 @@ class NodeState:
 
     def coming(self, need):
         """Return whether the node would do but for its engine still being installed."""
-        if not self.reachable or any(self.labels.get(k) != v for k, v in need.requires):
+        # The engine first: it rules out nearly every node, and it is the cheapest test.
+        if self.engine_state(need.engine)[0] not in COMING or not self.reachable:
             return False
-        return self.engine_state(need.engine)[0] in COMING and not (need.gpus and self.card_refusal(need))
+        if any(self.labels.get(k) != v for k, v in need.requires):
+            return False
+        return not (need.gpus and self.card_refusal(need))
 
     def card_refusal(self, need):
         """Return why no set of this node's cards could ever hold the need, or ''."""
+        key = (need.gpus, need.classes, need.min_card_mb, need.share_mb)
+        got = self.card_refusals.get(key)
+        if got is None:
+            got = self.card_refusals[key] = self._card_refusal(need)
+        return got
+
+    def _card_refusal(self, need):
         if not self.cards:
             if need.shares:
                 return f"no GPU; a share of {gib(need.share_mb)} GiB on one {need.class_words()} needed"
