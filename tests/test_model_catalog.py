@@ -199,3 +199,16 @@ def test_a_bad_declared_model_stops_the_config_from_loading(root, table, words):
     with pytest.raises(ConfigError) as e:
         config.load(str(root))
     assert words in str(e.value) and "server.toml" in str(e.value)
+
+
+def test_model_set_does_not_hash_the_file_again_unless_file_is_given(fleet, cli, tiny):
+    cli("model", "add", "m", "--file", tiny)
+    sha = Model.get(Model.name == "m").sha256
+    with open(tiny, "ab") as f:  # changed in place, behind the catalog's back
+        f.write(b"\0" * 32)
+    out = cli("model", "set", "m", "--replicas", "2", "--memory", "1G")
+    assert out.exit_code == 0, out.output
+    assert (Model.get(Model.name == "m").sha256, Model.get(Model.name == "m").replicas) == (sha, 2)
+    again = cli("model", "set", "m", "--file", tiny)
+    assert again.exit_code == 0, again.output
+    assert Model.get(Model.name == "m").sha256 not in ("", sha)

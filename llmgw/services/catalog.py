@@ -118,8 +118,12 @@ def _class_mib(cls):
     return int(int(m.group(1)) * 1024 * 0.97) if m else 0
 
 
-def _check_source(spec):
-    """Check the model's files fit its engine; return the spec with its checksum filled in."""
+def _check_source(spec, known_sha256=""):
+    """Check the model's files fit its engine; return the spec with its checksum filled in.
+
+    known_sha256: the checksum already recorded for this same file, which is then not hashed
+    again (a 60 GB file takes minutes to read, and `model set --replicas` must not).
+    """
     if not spec.source:
         return spec
     if spec.on_nodes:
@@ -139,6 +143,8 @@ def _check_source(spec):
     if Path(source).is_dir():
         raise LlmgwError(f"--file {spec.source}: llama.cpp serves one GGUF file, and this is a "
                          f"directory; give the .gguf file inside it.")
+    if known_sha256 and spec.sha256 in ("", known_sha256):
+        return spec.with_changes(source=source, sha256=known_sha256)
     actual = sha256_file(source)
     if spec.sha256 and spec.sha256 != actual:
         raise LlmgwError(f"--sha256 {spec.sha256[:12]}… does not match {source} ({actual[:12]}…).")
@@ -157,14 +163,14 @@ def _check_names(spec):
         raise LlmgwError(f"--sha256 {sha!r} is not a sha256 checksum (64 hex digits).")
 
 
-def prepare(spec):
+def prepare(spec, known_sha256=""):
     """Check a spec against its files and the cluster; return (spec, estimate, warnings)."""
     try:
         spec = modelspec.check(spec)
     except SpecError as e:
         raise LlmgwError(str(e)) from e
     _check_names(spec)
-    spec = _check_source(spec)
+    spec = _check_source(spec, known_sha256)
     classes = cluster_classes()
     warnings = check_against_cluster(spec, classes)
     est, note = size(spec)
@@ -213,9 +219,11 @@ def change(name, conf, **changes):
         spec = spec_of(model).with_changes(**changes)
     except SpecError as e:
         raise LlmgwError(str(e)) from e
-    if "source" in changes and "sha256" not in changes:
+    # --file given again is the way to take a file changed in place: it is hashed anew.
+    same_file = "source" not in changes and spec.engine == model.engine
+    if not same_file and "sha256" not in changes:
         spec = spec.with_changes(sha256="")  # a new file has its own checksum
-    spec, est, warnings = prepare(spec)
+    spec, est, warnings = prepare(spec, model.sha256 if same_file else "")
     with database.atomic():
         row, _ = save(spec, est)
     return row, warnings
@@ -271,10 +279,15 @@ def _unchanged(row, spec):
     have = spec_of(row)
     if not spec.sha256:
         have = have.with_changes(sha256="")
+    return have == spec.with_changes(source=_normal_source(spec))
+
+
+def _normal_source(spec):
+    """Return the source as it is stored: a local path resolved, a URL or node path as given."""
     source = spec.source
     if source and not re.match(r"^https?://", source) and not spec.on_nodes:
         source = str(Path(source).expanduser().resolve())
-    return have == spec.with_changes(source=source)
+    return source
 
 
 def sync_declared(conf):
@@ -289,8 +302,9 @@ def sync_declared(conf):
         row = Model.get_or_none(Model.name == name)
         if row is not None and row.origin == "file" and _unchanged(row, spec):
             continue
+        known = row.sha256 if row is not None and row.source == _normal_source(spec) else ""
         try:
-            checked, est, warnings = prepare(spec)
+            checked, est, warnings = prepare(spec, known)
         except LlmgwError as e:
             log.error("[models.%s] in %s cannot be used: %s", name, conf["_path"], e)
             said.append(f"{name}: not taken from {conf['_path']}: {e}")
