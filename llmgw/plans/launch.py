@@ -30,11 +30,11 @@ def engine_argv(s):
                 "--port", str(s.port), *s.args]
     if s.engine == "vllm":
         return [s.binary, "serve", s.model_path, "--served-model-name", s.model_name,
-                "--host", s.host, "--port", str(s.port), *_vllm_sizes(s), *s.args]
+                "--host", s.host, "--port", str(s.port), *_python_engine_sizes(s), *s.args]
     if s.engine == "sglang":
         return [s.binary, "-m", "sglang.launch_server", "--model-path", s.model_path,
                 "--served-model-name", s.model_name, "--host", s.host, "--port", str(s.port),
-                *_sglang_sizes(s), *s.args]
+                *_python_engine_sizes(s), *s.args]
     return [s.binary, "-m", s.model_path, "--alias", s.model_name, "--host", s.host,
             "--port", str(s.port), "--metrics", *_llamacpp_sizes(s), *s.args]
 
@@ -51,21 +51,18 @@ def _llamacpp_sizes(s):
     return out
 
 
-def _vllm_sizes(s):
-    out = ["--tensor-parallel-size", str(max(len(s.cards), 1))]
-    if s.card_fraction:
-        out += ["--gpu-memory-utilization", f"{s.card_fraction:.2f}"]
-    if s.context:
-        out += ["--max-model-len", str(s.context)]
-    return out
+# Each Python engine's own names for: tensor parallel size, memory fraction, context length.
+SIZE_FLAGS = {"vllm": ("--tensor-parallel-size", "--gpu-memory-utilization", "--max-model-len"),
+              "sglang": ("--tp", "--mem-fraction-static", "--context-length")}
 
 
-def _sglang_sizes(s):
-    out = ["--tp", str(max(len(s.cards), 1))]
+def _python_engine_sizes(s):
+    parallel, fraction, context = SIZE_FLAGS[s.engine]
+    out = [parallel, str(max(len(s.cards), 1))]
     if s.card_fraction:
-        out += ["--mem-fraction-static", f"{s.card_fraction:.2f}"]
+        out += [fraction, f"{s.card_fraction:.2f}"]
     if s.context:
-        out += ["--context-length", str(s.context)]
+        out += [context, str(s.context)]
     return out
 
 
