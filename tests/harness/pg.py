@@ -101,14 +101,33 @@ class PostgresServer:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{name}"
 
     def stop(self):
+        """Stop the server and wait until it is gone.
+
+        The signal goes to the whole process group: as root the server runs under runuser,
+        which does not pass SIGINT on, and a postgres left behind outlived the test run.
+        """
         if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)  # fast shutdown: clients are cut off
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            self._signal_group(signal.SIGINT)  # fast shutdown: clients are cut off
+            if not self._gone(10):
+                self._signal_group(signal.SIGKILL)
+                self._gone(10)
+            self.proc.wait()
         self.proc = None
+
+    def _signal_group(self, sig):
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def _gone(self, seconds):
+        """Wait until the server's pidfile is gone and runuser has exited; return whether it is."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None and not (self.data / "postmaster.pid").exists():
+                return True
+            time.sleep(0.05)
+        return False
 
     def __enter__(self):
         return self.start()
