@@ -80,7 +80,10 @@ class Reconciler:
         """
         await asyncio.gather(*(self._look_bounded(n) for n in Node.select()))
         self._spawn(("endpoints",), endpoints.check_all(self.conf["_root"]))
-        self.place()
+        try:
+            self.place()
+        except Exception:  # a placement bug must not stop installs, health checks and starts
+            log.exception("placing replicas failed this pass")
         for node in Node.select():
             if node.id in self.reachable:
                 self._spawn(("install", node.id), self._installs(node.id))
@@ -147,8 +150,9 @@ class Reconciler:
 
     def place(self):
         """Record where each model's replicas go (node and cards) and drop surplus replicas."""
-        nodes, models, replicas = placing.snapshot()
-        result = placing.plan(nodes, models, replicas)
+        snap = placing.snapshot()
+        nodes, models, replicas, _ = snap
+        result = placing.plan(*snap)
         placing.Applier(nodes, models, replicas, self.conf["reconciler"]["port_range"]).apply(result)
 
     async def _replicas(self, node_id):
@@ -268,8 +272,11 @@ def main(conf, once=False):
             time.sleep(STANDBY_POLL_SECONDS)
         log.info("leading: pid %d holds %s", os.getpid(), lock.describe())
         database.connect(reuse_if_open=True)
-        for line in catalog.sync_declared(conf):
-            log.info("declared models: %s", line)
+        try:
+            for line in catalog.sync_declared(conf):
+                log.info("declared models: %s", line)
+        except Exception:  # the catalog stays as it was; the reconciler still runs
+            log.exception("taking the declared models from %s failed", conf["_path"])
         lost = asyncio.run(_lead(Reconciler(conf), lock, once))
         if not database.is_closed():
             database.close()

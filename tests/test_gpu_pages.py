@@ -45,8 +45,9 @@ class Rows(HTMLParser):
 
 
 def place_now(app):
-    nodes, models, replicas = placing.snapshot()
-    placing.Applier(nodes, models, replicas, "18000-18100").apply(placing.plan(nodes, models, replicas))
+    nodes, models, replicas, installs = placing.snapshot()
+    placing.Applier(nodes, models, replicas, "18000-18100").apply(
+        placing.plan(nodes, models, replicas, installs))
 
 
 def test_the_model_page_shows_replicas_cards_and_every_node_s_verdict(fleet, cli, tiny, client, auth):
@@ -111,3 +112,10 @@ def test_the_gateway_503_quotes_the_placement_verdict(fleet, cli, tiny, client):
     assert "gpu-a: 7 of 7 healthy h100-80g free, 8 needed" in message
     assert Model.get(Model.name == "huge").verdict["placed"] == 0
     assert Node.select().count() == 3
+
+
+def test_a_model_named_like_a_path_has_its_page(fleet, cli, tiny, client, auth):
+    out = cli("model", "add", "org/llama", "--file", tiny)
+    assert out.exit_code == 0, out.output
+    auth.login(password=auth.password)
+    assert client.get("/models/org/llama").status_code == 200

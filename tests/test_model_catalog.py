@@ -117,11 +117,11 @@ def test_a_file_that_is_not_gguf_and_a_vllm_model_without_a_directory_are_refuse
     bogus.write_text("not a model at all\n")
     out = cli("model", "add", "m", "--file", str(bogus))
     assert out.exit_code != 0 and "is not a GGUF file" in out.output
-    out = cli("model", "add", "v", "--engine", "vllm", "--file", str(bogus))
+    out = cli("model", "add", "v", "--engine", "vllm", "--file", str(bogus), "--gpus", "1")
     assert out.exit_code != 0 and "serves a directory with config.json" in out.output
-    out = cli("model", "add", "v", "--engine", "vllm")
+    out = cli("model", "add", "v", "--engine", "vllm", "--gpus", "1")
     assert out.exit_code != 0 and "--file is required for a vllm model" in out.output
-    out = cli("model", "add", "v", "--engine", "vllm", "--file", "models/qwen", "--on-nodes")
+    out = cli("model", "add", "v", "--engine", "vllm", "--file", "models/qwen", "--on-nodes", "--gpus", "1")
     assert out.exit_code != 0 and "absolute path on the nodes" in out.output
     assert Model.select().count() == 0
 
@@ -212,3 +212,27 @@ def test_model_set_does_not_hash_the_file_again_unless_file_is_given(fleet, cli,
     again = cli("model", "set", "m", "--file", tiny)
     assert again.exit_code == 0, again.output
     assert Model.get(Model.name == "m").sha256 not in ("", sha)
+
+
+def test_model_set_works_when_the_file_is_gone_from_here_and_keeps_the_estimate(fleet, cli, tiny):
+    cli("model", "add", "m", "--file", tiny)
+    before = Model.get(Model.name == "m")
+    Path(tiny).unlink()
+    out = cli("model", "set", "m", "--replicas", "3")
+    assert out.exit_code == 0, out.output
+    after = Model.get(Model.name == "m")
+    assert (after.replicas, after.sha256, after.estimate) == (3, before.sha256, before.estimate)
+    assert "--file" not in out.output.split("warning:")[0]
+
+
+def test_vllm_without_cards_is_refused(fleet, cli):
+    out = cli("model", "add", "v", "--engine", "vllm", "--file", "/srv/m", "--on-nodes")
+    assert out.exit_code != 0 and "vllm serves on GPUs here: give --gpus N" in out.output
+
+
+def test_offload_args_on_a_model_without_cards_warn_that_it_sees_no_gpu(fleet, cli, tiny):
+    out = cli("model", "add", "m", "--file", tiny, "--arg=-ngl", "--arg=99")
+    assert out.exit_code == 0, out.output
+    assert "asks llama.cpp to offload layers, but the model claims no GPU" in out.output
+    clash = cli("model", "set", "m", "--arg=-t", "--no-args")
+    assert clash.exit_code != 0 and "--no-args removes what the same command also sets" in clash.output

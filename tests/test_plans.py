@@ -153,13 +153,26 @@ def test_a_session_sticks_to_its_endpoint_while_it_is_not_overloaded():
 UUIDS = ("GPU-aaaa", "GPU-bbbb")
 
 
+def env_of(engine, cards=UUIDS, indexes=(5, 7)):
+    return launch.gpu_env(launch.Serve(engine=engine, binary="x", model_path="", model_name="m",
+                                       port=1, cards=cards, card_indexes=indexes))
+
+
 def test_systemd_units_carry_the_cards_in_their_environment():
-    argv = launch.start_argv("systemd", "llmgw-m-0", ["x"], "/opt/llmgw", launch.gpu_env(UUIDS))
+    argv = launch.start_argv("systemd", "llmgw-m-0", ["x"], "/opt/llmgw", env_of("llamacpp"))
     assert "--setenv=CUDA_VISIBLE_DEVICES=GPU-aaaa,GPU-bbbb" in argv
     assert "--setenv=CUDA_DEVICE_ORDER=PCI_BUS_ID" in argv
     assert argv.index("--collect") < argv.index("x")
-    cpu = launch.start_argv("setsid", "llmgw-c-0", ["x"], "/opt/llmgw", launch.gpu_env(()))
+    cpu = launch.start_argv("setsid", "llmgw-c-0", ["x"], "/opt/llmgw", env_of("llamacpp", (), ()))
     assert "CUDA_VISIBLE_DEVICES=" in cpu and cpu.index("CUDA_VISIBLE_DEVICES=") < cpu.index("setsid")
+    assert not any(a.startswith("LLMGW_GPU_UUIDS") for a in cpu)
+
+
+def test_vllm_and_sglang_get_card_numbers_in_bus_order_and_the_uuids_beside():
+    for engine in ("vllm", "sglang"):
+        env = env_of(engine)
+        assert env == {"CUDA_VISIBLE_DEVICES": "5,7", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+                       "LLMGW_GPU_UUIDS": "GPU-aaaa,GPU-bbbb"}
 
 
 def serve(engine, **kw):

@@ -104,6 +104,11 @@ def model_add(name, **given):
 @root_option
 def model_set(name, no_args, no_fallbacks, no_require, **given):
     """Change only the settings given; the others stay as they are."""
+    clash = [f for f, given_too in (("--no-args", no_args and given["args"]),
+                                    ("--no-fallbacks", no_fallbacks and given["fallbacks"]),
+                                    ("--no-require", no_require and given["requires"])) if given_too]
+    if clash:
+        raise LlmgwError(f"{clash[0]} removes what the same command also sets; give one of the two.")
     changes = _changes(given, for_set=True)
     changes.update({k: v for k, v in (("args", ()), ("fallbacks", ()), ("requires", {}))
                     if {"args": no_args, "fallbacks": no_fallbacks, "requires": no_require}[k]})
@@ -194,6 +199,8 @@ def model_plan(name, path, context):
     if name:
         m = catalog.get(name)
         path, context, gpus = m.source, context or m.context, max(m.gpus, 1)
+        if not m.source:
+            raise LlmgwError(f"{name} runs the {m.engine} engine, which has no model file to size.")
         if catalog._local_path(catalog.spec_of(m)) is None:
             raise LlmgwError(f"{name}'s files ({m.source}) are not on this machine, so they cannot "
                              f"be read; give --file with a local copy.")

@@ -150,7 +150,8 @@ def read_safetensors_dir(path):
     if not p.is_dir():
         raise LlmgwError(f"{p} is a file, not a model directory; {WHAT_TO_GIVE}")
     config = _config(p)
-    text = {**config, **(config.get("text_config") or {})}
+    nested = config.get("text_config")
+    text = {**config, **(nested if isinstance(nested, dict) else {})}
     weights = sum(s.stat().st_size for s in _shards(p))
     heads = _need(p, text, "num_attention_heads")
     embedding = _need(p, text, "hidden_size")
@@ -224,15 +225,21 @@ def _dtype(config):
     return str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
 
 
+def _quant(config):
+    """Return the quantization_config table, or {} when there is none or it is not a table."""
+    quant = config.get("quantization_config")
+    return quant if isinstance(quant, dict) else {}
+
+
 def _bytes_per_weight(config):
-    quant = config.get("quantization_config") or {}
-    if quant.get("bits"):  # GPTQ/AWQ pack 4-bit weights whatever torch_dtype says
-        return quant["bits"] / 8
+    quant = _quant(config)
+    if isinstance(quant.get("bits"), (int, float)) and quant["bits"] > 0:
+        return quant["bits"] / 8  # GPTQ/AWQ pack 4-bit weights whatever torch_dtype says
     if quant.get("quant_method") in ONE_BYTE_METHODS:
         return 1
     return DTYPE_BYTES.get(_dtype(config), 2)
 
 
 def _st_quantisation(config):
-    quant = config.get("quantization_config") or {}
+    quant = _quant(config)
     return str(quant.get("quant_method") or _dtype(config))

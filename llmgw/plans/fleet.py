@@ -95,7 +95,16 @@ class NodeState:
         state, detail = self.engine_state(need.engine)
         if state != "ready":
             return f"{need.engine} {state or 'not installed'}" + (f": {detail}" if detail else "")
+        variant = self.engine_variant(need.engine)
+        if need.gpus and need.engine == "llamacpp" and variant and not variant.startswith("cuda"):
+            # It would hold the cards and compute on the CPU.
+            return (f"llamacpp there is the {variant} build, which cannot use GPUs (the CUDA build "
+                    f"is installed on x64 nodes with an NVIDIA driver loaded)")
         return self.card_refusal(need) if need.gpus else ""
+
+    def engine_variant(self, engine):
+        got = self.installs.get(engine) or ()
+        return got[2] if len(got) > 2 else ""
 
     def engine_state(self, engine):
         got = self.installs.get(engine) or ("", "")
@@ -231,6 +240,14 @@ class NodeState:
         missing = [f"{k}={v}" for k, v in need.requires if self.labels.get(k) != v]
         if missing:
             return None, f"{self.name} no longer carries label " + ", ".join(missing)
+        if need.max_per_node and self.per_model.get(need.model, 0) >= need.max_per_node:
+            return None, f"the model now allows at most {need.max_per_node} per node"
+        # RAM and a card's share were checked when claimed; only a grown need is checked again,
+        # so a node whose reported memory wavers a little does not shed running replicas.
+        grown = need.memory_mb > (claim.get("memory_mb") or 0)
+        if grown and self.unclaimed_mb() < need.memory_mb:
+            return None, (f"the model now needs {gib(need.memory_mb)} GiB RAM and {self.name} has "
+                          f"{gib(max(self.unclaimed_mb(), 0))} GiB unclaimed")
         uuids = list(claim.get("gpus") or [])
         if len(uuids) != need.gpus:
             return None, f"the model now needs {need.gpus} card(s) per replica; it held {len(uuids)}"
@@ -245,13 +262,14 @@ class NodeState:
                 return None, f"{card.label()} on {self.name} is unhealthy: {card.reason}"
             if need.classes and card.cls not in need.classes:
                 return None, f"{card.label()} is {card.cls}; the model now needs {need.class_words()}"
+            if card.memory_mb < max(need.min_card_mb, need.share_mb):
+                return None, (f"{card.label()} has {gib(card.memory_mb)} GiB; the model now needs "
+                              f"{gib(max(need.min_card_mb, need.share_mb))} GiB per card")
             if card.owner or (not need.shares and card.shared):
                 return None, f"{card.label()} is already held by {card.owner or ', '.join(card.shared)}"
+            if need.shares and need.share_mb != claim.get("gpu_memory_mb") \
+                    and card.unclaimed_mb() < need.share_mb:
+                return None, (f"{card.label()} has {gib(card.unclaimed_mb())} GiB unclaimed beside "
+                              f"its other shares; the model now takes {gib(need.share_mb)} GiB")
             cards.append(card)
         return cards, ""
-
-    # --- for people ---------------------------------------------------------------------------
-    def gpu_totals(self):
-        healthy = [c for c in self.cards if c.healthy]
-        return {"total": len(self.cards), "healthy": len(healthy),
-                "free": sum(1 for c in healthy if c.free_whole())}

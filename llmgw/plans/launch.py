@@ -18,6 +18,7 @@ class Serve:
     args: tuple = ()
     host: str = "0.0.0.0"
     cards: tuple = ()  # the claimed GPU UUIDs
+    card_indexes: tuple = ()  # the same cards' indexes as nvidia-smi numbers them now
     card_fraction: float = 0.0  # of each card's memory the engine may take; 0: the engine's own
     context: int = 0
     cuda: bool = False  # the engine build offloads to NVIDIA GPUs
@@ -66,13 +67,24 @@ def _python_engine_sizes(s):
     return out
 
 
-def gpu_env(cards):
+# Engines that read CUDA_VISIBLE_DEVICES themselves and take each entry for a number: vLLM
+# fails to start on a GPU UUID there ("invalid literal for int()" in its device mapping).
+NUMBERS_ONLY = ("vllm", "sglang")
+
+
+def gpu_env(s):
     """Return the environment that pins an engine to its claimed cards (none: no GPU at all).
 
-    UUIDs, not indexes: CUDA's own numbering follows its idea of the fastest card first unless
-    told to use PCI bus order, and a UUID names the same card whatever the order.
+    UUIDs where the engine takes them: a UUID names the same card whatever the numbering.
+    Engines that want numbers get the cards' indexes as nvidia-smi gives them now, which is PCI
+    bus order, and CUDA_DEVICE_ORDER=PCI_BUS_ID makes CUDA count the same way (left alone it
+    puts what it thinks the fastest card first). LLMGW_GPU_UUIDS names the claim either way.
     """
-    return {"CUDA_VISIBLE_DEVICES": ",".join(cards), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    shown = [str(i) for i in s.card_indexes] if s.engine in NUMBERS_ONLY else list(s.cards)
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(shown), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    if s.cards:
+        env["LLMGW_GPU_UUIDS"] = ",".join(s.cards)
+    return env
 
 
 def supervisor_for(facts):

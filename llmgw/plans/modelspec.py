@@ -65,8 +65,12 @@ def parse_size(text, flag):
 
 def parse_classes(value, flag="--gpu-class"):
     """Return a tuple of class names from 'h100-80g,a100-80g' or a list of them."""
-    items = value.split(",") if isinstance(value, str) else list(value or [])
-    classes = tuple(c.strip().lower() for c in items if str(c).strip())
+    if not isinstance(value, (str, list, tuple)) or \
+            not all(isinstance(c, str) for c in ([value] if isinstance(value, str) else value)):
+        raise SpecError(f"{flag} {value!r} must be class names, e.g. \"h100-80g,a100-80g\" or "
+                        f"[\"h100-80g\", \"a100-80g\"].")
+    items = value.split(",") if isinstance(value, str) else list(value)
+    classes = tuple(c.strip().lower() for c in items if c.strip())
     bad = [c for c in classes if not CLASS.match(c)]
     if bad:
         raise SpecError(f"{flag} {bad[0]!r} is not a GPU class; classes are a model and its "
@@ -108,6 +112,9 @@ def check(spec):
     if spec.on_nodes and not spec.source.startswith("/"):
         raise SpecError(f"--on-nodes needs --file to be an absolute path on the nodes, "
                         f"not {spec.source!r}.")
+    if spec.engine in DIRECTORY_ENGINES and not spec.gpus and not spec.share_gpu:
+        raise SpecError(f"{spec.engine} serves on GPUs here: give --gpus N (cards per replica, "
+                        f"its tensor parallel size) or --share-gpu.")
     if spec.share_gpu and spec.gpus > 1:
         raise SpecError(f"--share-gpu shares one card between replicas; it cannot go with "
                         f"--gpus {spec.gpus}. Use --gpus 1 (or leave it out) with --share-gpu.")
@@ -129,12 +136,20 @@ TABLE_KEYS = {"file": "source", "engine": "engine", "replicas": "replicas", "sha
               "on_nodes": "on_nodes"}
 
 
+# In a [models.NAME] table a setting is its key, not its command-line flag.
+FLAG_KEYS = {"file": "file", "engine": "engine", "replicas": "replicas", "sha256": "sha256",
+             "gpus": "gpus", "gpu-class": "gpu_class", "min-gpu-memory": "min_gpu_memory",
+             "memory": "memory", "context": "context", "require": "require",
+             "max-per-node": "max_per_node", "share-gpu": "share_gpu", "on-nodes": "on_nodes"}
+
+
 def from_table(name, table, where):
     """Return the ModelSpec of a [models.NAME] table; errors name the key and the file."""
     try:
         return check(ModelSpec(name=name, **_table_values(name, table)))
     except SpecError as e:
-        raise SpecError(f"{where}: [models.{name}]: {e}") from None
+        said = re.sub(r"--([a-z-]+)", lambda m: FLAG_KEYS.get(m.group(1), m.group(0)), str(e))
+        raise SpecError(f"{where}: [models.{name}]: {said}") from None
 
 
 def _table_values(name, table):
@@ -170,7 +185,7 @@ def _table_value(key, value):
         return value
     if not isinstance(value, str):
         raise SpecError(f"{key} = {value!r} must be a string.")
-    return value
+    return value.strip().lower() if key == "sha256" else value
 
 
 SPEC_FIELDS = [f.name for f in fields(ModelSpec)]

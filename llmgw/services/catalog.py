@@ -63,7 +63,7 @@ def check_against_cluster(spec, classes):
         if cls not in classes:
             warnings.append(f"no node has a {cls} card yet; replicas wait until one joins")
     wanted = [c for c in classes if not spec.gpu_classes or c in spec.gpu_classes]
-    if spec.gpus and classes and wanted:
+    if _cards(spec) and classes and wanted:
         best = max(wanted, key=lambda c: (classes[c]["cards_max"], c))
         most = classes[best]["cards_max"]
         if spec.gpus > most:
@@ -71,9 +71,14 @@ def check_against_cluster(spec, classes):
             raise LlmgwError(f"--gpus {spec.gpus}: no node has that many {kind} cards; the most on "
                              f"one node is {most} ({classes[best]['node']}). Lower --gpus, or add a "
                              f"node with more cards first.")
-    elif spec.gpus and not classes:
+    elif _cards(spec) and not classes:
         warnings.append("no node has a GPU yet; replicas wait until one with enough cards joins")
     return warnings
+
+
+def _cards(spec):
+    """Return the cards one replica uses: a shared card counts as one."""
+    return 1 if spec.share_gpu else spec.gpus
 
 
 def size(spec):
@@ -82,8 +87,14 @@ def size(spec):
     if local is None:
         return None, "its files are not on this machine, so it is not sized; give --memory"
     from ..facts import model_meta
-    meta = model_meta.read_model(local)
-    est = sizing.estimate(meta, spec.context, spec.gpus)
+    try:
+        meta = model_meta.read_model(local)
+        est = sizing.estimate(meta, spec.context, _cards(spec))
+    except LlmgwError:
+        raise  # not a model file at all: refused, with what to give instead
+    except Exception as e:  # a config.json of a shape this reader does not know: no size
+        return None, (f"{local} could not be sized ({type(e).__name__}: {e}); give --memory "
+                      f"and --min-gpu-memory yourself")
     keep = {k: meta[k] for k in ("format", "quantisation", "parameters", "architecture")}
     return dict(est, **keep), ""
 
@@ -97,7 +108,7 @@ def _local_path(spec):
 
 def size_warnings(spec, est, classes):
     """Return the warning when the declared cards cannot hold the estimate (never a refusal)."""
-    if est is None or not spec.gpus:
+    if est is None or not _cards(spec):
         return []
     if spec.share_gpu:
         if spec.min_gpu_memory_mb and spec.min_gpu_memory_mb * sizing.MiB < est["gpu_bytes"]:
@@ -137,14 +148,15 @@ def _check_source(spec, known_sha256=""):
             if path.is_dir() else
             f"{spec.engine} serves a directory with config.json and *.safetensors shards; "
             f"{spec.source!r} is not one. Give that directory, on the nodes, with --on-nodes.")
+    if known_sha256 and spec.sha256 in ("", known_sha256):
+        # The same file as before, already checked and hashed.
+        return spec.with_changes(source=_normal_source(spec), sha256=known_sha256)
     kind, source = weights.check_source(spec.source)
     if kind == "url":
         return spec.with_changes(source=source)
     if Path(source).is_dir():
         raise LlmgwError(f"--file {spec.source}: llama.cpp serves one GGUF file, and this is a "
                          f"directory; give the .gguf file inside it.")
-    if known_sha256 and spec.sha256 in ("", known_sha256):
-        return spec.with_changes(source=source, sha256=known_sha256)
     actual = sha256_file(source)
     if spec.sha256 and spec.sha256 != actual:
         raise LlmgwError(f"--sha256 {spec.sha256[:12]}… does not match {source} ({actual[:12]}…).")
@@ -179,7 +191,15 @@ def prepare(spec, known_sha256=""):
                          f"takes): {spec.source or spec.name} cannot be sized from here.")
     if est is None and spec.engine != "sim":
         warnings.append(note)
+    if spec.engine == "llamacpp" and not _cards(spec) and _offload_args(spec.args):
+        warnings.append(f"{' '.join(spec.args)} asks llama.cpp to offload layers, but the model "
+                        f"claims no GPU, so its engine sees none (CUDA_VISIBLE_DEVICES is empty): "
+                        f"give --gpus N")
     return spec, est, warnings + size_warnings(spec, est, classes)
+
+
+def _offload_args(args):
+    return any(a.split("=", 1)[0] in ("-ngl", "--gpu-layers", "--n-gpu-layers") for a in args)
 
 
 def save(spec, est, origin=""):
@@ -224,6 +244,8 @@ def change(name, conf, **changes):
     if not same_file and "sha256" not in changes:
         spec = spec.with_changes(sha256="")  # a new file has its own checksum
     spec, est, warnings = prepare(spec, model.sha256 if same_file else "")
+    if est is None and same_file and model.estimate:
+        est = model.estimate  # its file is not here any more: the last estimate still stands
     with database.atomic():
         row, _ = save(spec, est)
     return row, warnings
@@ -243,7 +265,11 @@ def fallback_users(name):
 
 
 async def remove(conf, name, force=False):
-    """Stop a model's replicas, then forget it; return (units stopped, sentences of what was not)."""
+    """Forget a model, then stop its replicas; return (units stopped, sentences of what was not).
+
+    The rows go first, so the reconciler cannot start again what is being stopped; a unit that
+    cannot be stopped now has no row any more and is stopped when its node answers again.
+    """
     from ..plans import launch
     from .nodes import transport_for
     model = get(name)
@@ -253,24 +279,24 @@ async def remove(conf, name, force=False):
         raise LlmgwError(f"{', '.join(m.name for m in users)} name(s) {name!r} as a fallback; change "
                          f"them first (model set M --fallback …), or remove it anyway with --force, "
                          f"which takes it off their fallback lists.")
-    stopped, left = [], []
-    for replica in list(model.replica_rows):
-        node = replica.node
-        t = transport_for(node, conf)
-        try:
-            sup = replica.supervisor or launch.supervisor_for(node.facts or {})
-            await t.check(launch.stop_argv(sup, replica.unit, node.base_dir), what=f"stopping {replica.unit}")
-            stopped.append(f"{replica.unit} on {node.name}")
-        except LlmgwError as e:
-            left.append(f"{replica.unit} on {node.name} could not be stopped now ({e}); the "
-                        f"reconciler stops it when the node answers again")
-        finally:
-            await t.close()
+    units = [(r.unit, r.node, r.supervisor or launch.supervisor_for(r.node.facts or {}))
+             for r in model.replica_rows]
     with database.atomic():
         for user in users:
             Model.update(fallbacks=[f for f in user.fallbacks if f != name] or None) \
                 .where(Model.id == user.id).execute()
         model.delete_instance(recursive=True)
+    stopped, left = [], []
+    for unit, node, sup in units:
+        t = transport_for(node, conf)
+        try:
+            await t.check(launch.stop_argv(sup, unit, node.base_dir), what=f"stopping {unit}")
+            stopped.append(f"{unit} on {node.name}")
+        except LlmgwError as e:
+            left.append(f"{unit} on {node.name} could not be stopped now ({e}); the reconciler "
+                        f"stops it when the node answers again")
+        finally:
+            await t.close()
     return stopped, left
 
 
@@ -305,7 +331,7 @@ def sync_declared(conf):
         known = row.sha256 if row is not None and row.source == _normal_source(spec) else ""
         try:
             checked, est, warnings = prepare(spec, known)
-        except LlmgwError as e:
+        except (LlmgwError, OSError) as e:
             log.error("[models.%s] in %s cannot be used: %s", name, conf["_path"], e)
             said.append(f"{name}: not taken from {conf['_path']}: {e}")
             continue

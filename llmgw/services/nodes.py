@@ -102,10 +102,16 @@ async def check_gpus(node, transport):
     facts = dict(node.facts or {}, gpus=gpus)
     for sentence in changes.describe(node.facts or {}, facts):
         log_event(node, sentence)
-    if gpus != (node.facts or {}).get("gpus"):
+    # Written when what placement reads changed, not for every new temperature or memory
+    # reading (those are refreshed by the five-minute discovery).
+    if [_placed_by(g) for g in gpus] != [_placed_by(g) for g in (node.facts or {}).get("gpus", [])]:
         node.facts = facts
         node.save(only=[Node.facts])
     return node
+
+
+def _placed_by(card):
+    return {k: card.get(k) for k in ("uuid", "index", "class", "memory_mib", "healthy", "reason")}
 
 
 async def pin_host_key(name, addr, port, existing, repin=False, expected_fp=""):

@@ -26,7 +26,7 @@ def facts_of(node, installs):
     """Return what the planner knows of a node."""
     f = node.facts or {}
     return {"name": node.name, "reachable": node.reachable,
-            "installs": {i.engine: (i.state, i.detail) for i in installs},
+            "installs": {i.engine: (i.state, i.detail, i.variant) for i in installs},
             "labels": node.labels or {}, "memory_mb": (f.get("memory") or {}).get("total_mb", 0),
             "gpus": f.get("gpus", [])}
 
@@ -38,28 +38,36 @@ def claim_of(replica, model_name, node_name):
 
 
 def snapshot():
-    """Read nodes, models and replica rows once: (node rows, model rows, replica rows)."""
+    """Read what placement needs once: (node rows, model rows, replica rows, installs by node)."""
     nodes = list(Node.select().order_by(Node.name))
     models = list(Model.select().order_by(Model.name))
     replicas = list(Replica.select(Replica, Model, Node).join(Model).switch(Replica).join(Node))
-    return nodes, models, replicas
-
-
-def plan(nodes, models, replicas):
-    """Run the planner over one snapshot; return its Result."""
     installs = {}
     for row in EngineInstall.select():
         installs.setdefault(row.node_id, []).append(row)
+    return nodes, models, replicas, installs
+
+
+def plan(nodes, models, replicas, installs):
+    """Run the planner over one snapshot (no database access); return its Result."""
     facts = [facts_of(n, installs.get(n.id, [])) for n in nodes]
     claims = [claim_of(r, r.model.name, r.node.name) for r in replicas]
     return placement.place(facts, [need_of(m) for m in models], claims)
 
 
-def explain(model):
-    """Return (the model's verdict lines for every node, the pass's Result) from the database now."""
-    nodes, models, replicas = snapshot()
-    result = plan(nodes, models, replicas)
-    return placement.node_lines(result, need_of(model)), result
+def explain(model, run=None):
+    """Return (the model's verdict lines for every node, the pass's Result) from the database now.
+
+    run(fn, *args) runs the pure planning part: the web passes one that keeps it off the
+    gevent hub, since a pass over a thousand nodes takes half a second of CPU.
+    """
+    snap = snapshot()
+    need = need_of(model)
+
+    def work():
+        result = plan(*snap)
+        return placement.node_lines(result, need), result
+    return run(work) if run else work()
 
 
 class Applier:
@@ -103,8 +111,12 @@ class Applier:
             node = self.nodes[claim["node"]]
             Replica.create(name=name, model=model, node=node, port=self._port(node),
                            detail=f"placed on {node.name}" + _cards(claim), **_fields(claim))
-        elif row.memory_mb != claim["memory_mb"]:
-            Replica.update(memory_mb=claim["memory_mb"]).where(Replica.id == row.id).execute()
+        else:
+            # A kept claim whose share or RAM changed: written, so the start digest changes
+            # and the engine is restarted with its new memory fraction.
+            changed = {k: v for k, v in _fields(claim).items() if getattr(row, k) != v}
+            if changed:
+                Replica.update(**changed).where(Replica.id == row.id).execute()
 
     def _moved(self, row, claim, why):
         old = row.node

@@ -5,6 +5,7 @@ import json
 import logging
 import time
 
+import peewee as pw
 import requests
 
 from ..errors import LlmgwError, NodeError
@@ -86,10 +87,24 @@ def spec_of(model, install, replica):
 
 
 def _set(replica, state, detail="", **fields):
-    replica.state, replica.detail, replica.updated = state, detail, utcnow()
-    for k, v in fields.items():
-        setattr(replica, k, v)
-    replica.save()
+    """Write a replica's state while it is still where this task saw it; return whether it was.
+
+    A task may hold its row for minutes (a model file being copied) while placement moves the
+    replica to other cards or another node: a write from that old view must not undo the move.
+    """
+    values = dict(state=state, detail=detail, updated=utcnow(), **fields)
+    written = Replica.update(**values).where(_still_there(replica)).execute()
+    if written:
+        for k, v in values.items():
+            setattr(replica, k, v)
+    return bool(written)
+
+
+def _still_there(replica):
+    return ((Replica.id == replica.id) & (Replica.node == replica.node_id)
+            # A list compared with == would be read as IN (…): one JSON value it is.
+            & (Replica.gpu_uuids == pw.Value(list(replica.gpu_uuids or []), unpack=False))
+            & (Replica.gpu_memory_mb == replica.gpu_memory_mb))
 
 
 def _age(replica):
@@ -204,16 +219,17 @@ class NodeReplicas:
         if model.on_nodes:
             path = await weights.check_on_node(self.t, model, self.node.name)
         else:
-            _set(replica, "fetching", f"copying {model.name}'s file to {self.node.name}")
+            if not _set(replica, "fetching", f"copying {model.name}'s file to {self.node.name}"):
+                return  # moved or removed since this pass looked
             path = await weights.ensure_on_node(self.t, self.node.base_dir, model,
                                                 self.conf["engines"]["cache"])
-        if not Replica.select().where(Replica.id == replica.id).exists():
-            return  # removed (remove-node, fewer replicas) while its file was being copied
+        if not Replica.select().where(_still_there(replica)).exists():
+            return  # removed or moved while its file was copied: the next pass starts it where it is
         await self.t.run(launch.stop_argv(self.supervisor, replica.unit, self.node.base_dir))
         await self._take_free_port(replica)
         serve = self._serve(replica, model, install, path)
         argv = launch.start_argv(self.supervisor, replica.unit, launch.engine_argv(serve),
-                                 self.node.base_dir, launch.gpu_env(serve.cards))
+                                 self.node.base_dir, launch.gpu_env(serve))
         await self.t.check(argv, what=f"starting {replica.unit}")
         cards = f" on GPU {', '.join(str(i) for i in replica.gpu_indexes)}" if replica.gpu_uuids else ""
         _set(replica, "starting", f"started as {replica.unit} under {self.supervisor}{cards}; "
@@ -227,8 +243,18 @@ class NodeReplicas:
         return launch.Serve(
             engine=model.engine, binary=install.binary, model_path=path, model_name=model.name,
             port=replica.port, args=tuple(model.args or ()), host=host,
-            cards=tuple(replica.gpu_uuids or ()), context=model.context,
+            cards=tuple(replica.gpu_uuids or ()), card_indexes=self._indexes_now(replica),
+            context=model.context,
             card_fraction=self._card_fraction(replica), cuda=install.variant.startswith("cuda"))
+
+    def _indexes_now(self, replica):
+        """Return the claimed cards' indexes as the node's nvidia-smi numbers them now."""
+        now = {g.get("uuid"): g.get("index") for g in (self.node.facts or {}).get("gpus", [])}
+        missing = [u for u in replica.gpu_uuids or [] if now.get(u) is None]
+        if missing:
+            raise LlmgwError(f"{', '.join(missing)} is no longer reported by nvidia-smi on "
+                             f"{self.node.name}; placement moves the replica to other cards")
+        return tuple(now[u] for u in replica.gpu_uuids or [])
 
     def _card_fraction(self, replica):
         """Return how much of its card(s) the engine may take: its share, or 0.9 of whole ones."""
@@ -247,7 +273,7 @@ class NodeReplicas:
             return
         taken = {r.port for r in Replica.select().where(Replica.node == self.node)} | listening
         replica.port = free_port(taken, self.conf["reconciler"]["port_range"])
-        replica.save()
+        Replica.update(port=replica.port).where(_still_there(replica)).execute()
 
     async def stop(self, replica):
         await self.t.run(launch.stop_argv(replica.supervisor or self.supervisor, replica.unit,

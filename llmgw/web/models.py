@@ -10,13 +10,22 @@ from . import admin_required
 bp = Blueprint("models", __name__)
 
 
-@bp.get("/models/<name>")
+def off_the_hub(fn):
+    """Run CPU-heavy pure work in gevent's thread pool under gevent workers (streams keep
+    flowing meanwhile), or right here anywhere else."""
+    from gevent import get_hub, monkey
+    if not monkey.is_module_patched("threading"):
+        return fn()
+    return get_hub().threadpool.apply(fn)
+
+
+@bp.get("/models/<path:name>")  # vLLM models are often named org/model
 @admin_required
 def model_page(name):
     model = Model.get_or_none(Model.name == name)
     if model is None:
         abort(404, f"There is no model called {name!r}.")
-    lines, result = placing.explain(model)
+    lines, result = placing.explain(model, run=off_the_hub)
     est = model.estimate
     fits = []
     if est:

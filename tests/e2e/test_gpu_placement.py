@@ -49,7 +49,8 @@ for arg in "$@"; do
   prev=$arg
 done
 mkdir -p /var/lib/vllm-shim
-{ printf '%s\\n' "$@"; echo "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"; } > /var/lib/vllm-shim/$port.argv
+{ printf '%s\\n' "$@"; echo "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES";
+  echo "CUDA_DEVICE_ORDER=$CUDA_DEVICE_ORDER"; echo "LLMGW_GPU_UUIDS=$LLMGW_GPU_UUIDS"; } > /var/lib/vllm-shim/$port.argv
 exec python3 /opt/vllm/sim_engine.py --model "$name" --host "$host" --port "$port"
 """
 # The real llama-server on two cores: one thread each, a small context.
@@ -345,7 +346,11 @@ def test_vllm_is_started_with_its_cards_and_answers_through_the_gateway(fleet):
     assert argv[:2] == ["serve", VL_DIR], argv
     assert flag(argv, "--served-model-name") == "vl"
     assert flag(argv, "--tensor-parallel-size") == "2"
-    assert argv[-1] == f"CUDA_VISIBLE_DEVICES={','.join(row['gpu_uuids'])}"
+    # vLLM takes every CUDA_VISIBLE_DEVICES entry for a number, so it gets the claimed cards'
+    # indexes in PCI bus order; the UUIDs travel beside them.
+    assert argv[-3:] == [f"CUDA_VISIBLE_DEVICES={','.join(map(str, row['gpu_indexes']))}",
+                         "CUDA_DEVICE_ORDER=PCI_BUS_ID",
+                         f"LLMGW_GPU_UUIDS={','.join(row['gpu_uuids'])}"], argv
 
     client = openai.OpenAI(base_url=fleet["plane"].url + "/v1", api_key=fleet["key"],
                            max_retries=0, timeout=30)

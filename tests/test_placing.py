@@ -1,0 +1,54 @@
+"""Placement's result written to replica rows, and replica tasks that must not undo it."""
+from llmgw.models import EngineInstall, Model, Node, NodeEvent, Replica
+from llmgw.services import placing
+from llmgw.services.replicas import _set, spec_of
+from tests.test_model_catalog import cli, fleet, sample, tiny  # noqa: F401  (fixtures)
+
+
+def place_now():
+    nodes, models, replicas, installs = placing.snapshot()
+    placing.Applier(nodes, models, replicas, "18000-18100").apply(
+        placing.plan(nodes, models, replicas, installs))
+
+
+def test_a_task_holding_an_old_row_cannot_undo_a_move(fleet, cli, tiny):
+    cli("model", "add", "g", "--file", tiny, "--gpus", "1", "--gpu-class", "l4-24g")
+    place_now()
+    stale = Replica.get(Replica.name == "g-0")  # what a slow start task still holds
+    assert stale.node.name == "gpu-b"
+    cli("model", "set", "g", "--gpu-class", "h100-80g")
+    place_now()
+    moved = Replica.get(Replica.name == "g-0")
+    assert (moved.node.name, moved.state, moved.gpu_indexes) == ("gpu-a", "moving", [0])
+    assert _set(stale, "starting", "started as llmgw-g-0") is False
+    again = Replica.get(Replica.name == "g-0")
+    assert (again.node.name, again.state, again.gpu_indexes) == ("gpu-a", "moving", [0])
+    said = [e.text for e in NodeEvent.select()]
+    assert said == ["stopped g-0: GPU 0 (GPU-5e7b0c90-2d4f-4a1e-8c3b-6f9d0a1b2c00) is l4-24g; the "
+                    "model now needs h100-80g; placed again on gpu-a on GPU 0"]
+
+
+def test_a_grown_share_is_written_so_the_engine_restarts_with_it(fleet, cli, tiny):
+    cli("model", "add", "sh", "--file", tiny, "--share-gpu", "--min-gpu-memory", "4G",
+        "--gpu-class", "l4-24g", "--replicas", "2")
+    place_now()
+    rows = {r.name: r for r in Replica.select()}
+    assert [r.gpu_memory_mb for r in rows.values()] == [4096, 4096]
+    install = EngineInstall.get(EngineInstall.engine == "llamacpp", EngineInstall.node == rows["sh-0"].node)
+    before = spec_of(Model.get(Model.name == "sh"), install, rows["sh-0"])
+    cli("model", "set", "sh", "--min-gpu-memory", "12G")
+    place_now()
+    after = {r.name: r for r in Replica.select()}
+    assert [r.gpu_memory_mb for r in after.values()] == [12288, 12288]
+    assert after["sh-0"].gpu_indexes != after["sh-1"].gpu_indexes  # 24 GiB cards: one each now
+    assert spec_of(Model.get(Model.name == "sh"), install, after["sh-0"]) != before
+
+
+def test_a_gpu_model_is_not_put_on_a_cpu_build_of_llamacpp(fleet, cli, tiny):
+    EngineInstall.update(variant="cpu").execute()
+    cli("model", "add", "g", "--file", tiny, "--gpus", "1")
+    place_now()
+    assert Replica.select().count() == 0
+    summary = Model.get(Model.name == "g").verdict["summary"]
+    assert "gpu-a: llamacpp there is the cpu build, which cannot use GPUs" in summary
+    assert Node.select().count() == 3
