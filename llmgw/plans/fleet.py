@@ -95,12 +95,15 @@ class NodeState:
         state, detail = self.engine_state(need.engine)
         if state != "ready":
             return f"{need.engine} {state or 'not installed'}" + (f": {detail}" if detail else "")
+        if not need.gpus:
+            return ""
         variant = self.engine_variant(need.engine)
-        if need.gpus and need.engine == "llamacpp" and variant and not variant.startswith("cuda"):
+        if not self.card_refusal(need) and need.engine == "llamacpp" and variant \
+                and not variant.startswith("cuda"):
             # It would hold the cards and compute on the CPU.
             return (f"llamacpp there is the {variant} build, which cannot use GPUs (the CUDA build "
                     f"is installed on x64 nodes with an NVIDIA driver loaded)")
-        return self.card_refusal(need) if need.gpus else ""
+        return self.card_refusal(need)
 
     def engine_variant(self, engine):
         got = self.installs.get(engine) or ()
