@@ -94,3 +94,17 @@ def test_a_changed_model_restarts_its_replica_with_the_new_settings(cluster):
 def node_dir(node):
     from pathlib import Path
     return Path(node.base_dir)
+
+
+def test_an_engine_killed_once_is_started_again_at_once(cluster, tmp_path):
+    import os
+    import signal
+    from pathlib import Path
+    reconcile(cluster["conf"], lambda: len(ready()) == 1)
+    pidfile = Path(cluster["node"].base_dir) / "run" / "llmgw-demo-0.pid"
+    pid = int(pidfile.read_text())
+    os.kill(pid, signal.SIGKILL)
+    reconcile(cluster["conf"], lambda: Replica.get().state == "failed")
+    assert Replica.get().detail.startswith("its engine exited; restarting now")
+    reconcile(cluster["conf"], lambda: len(ready()) == 1)
+    assert int(pidfile.read_text()) != pid and Replica.get().failures == 0

@@ -111,9 +111,10 @@ from llmgw.plans.replica_state import next_step, retry_delay  # noqa: E402
     ("pending", True, False, 1, 0, "adopt"),
     ("starting", False, False, 1, 0, "crashed"),
     ("ready", False, False, 1, 0, "crashed"),
-    ("failed", False, False, 10, 1, "wait"),
-    ("failed", False, False, 31, 1, "start"),
-    ("failed", False, False, 100, 3, "wait"),
+    ("failed", False, False, 0, 1, "start"),  # the first failure is retried at once
+    ("failed", False, False, 10, 2, "wait"),
+    ("failed", False, False, 31, 2, "start"),
+    ("failed", False, False, 100, 4, "wait"),
     ("pending", False, False, 0, 0, "start"),
 ])
 def test_a_replica_s_next_step(state, running, healthy, age, failures, expected):
@@ -121,7 +122,7 @@ def test_a_replica_s_next_step(state, running, healthy, age, failures, expected)
 
 
 def test_failed_starts_back_off_to_ten_minutes():
-    assert [retry_delay(n) for n in (1, 2, 3, 6, 10)] == [30, 60, 120, 600, 600]
+    assert [retry_delay(n) for n in (1, 2, 3, 4, 7, 10)] == [0, 30, 60, 120, 600, 600]
 
 
 def test_a_chain_of_links_cannot_climb_out():

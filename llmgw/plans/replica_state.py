@@ -4,8 +4,15 @@ RETRY_FIRST, RETRY_MAX = 30, 600
 
 
 def retry_delay(failures):
-    """Seconds to wait before starting a replica that has failed `failures` times in a row."""
-    return min(RETRY_FIRST * 2 ** max(failures - 1, 0), RETRY_MAX)
+    """Seconds to wait before starting a replica that has failed `failures` times in a row.
+
+    The first failure is retried at once: an engine killed once (OOM, a stray kill -9) on a
+    node without systemd was down for over 40 s waiting out a first delay of 30 s. A second
+    failure in a row looks like a crash loop, and backs off from there.
+    """
+    if failures <= 1:
+        return 0
+    return min(RETRY_FIRST * 2 ** (failures - 2), RETRY_MAX)
 
 
 def next_step(state, running, healthy, age, health_timeout, failures):

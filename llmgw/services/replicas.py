@@ -201,7 +201,9 @@ class NodeReplicas:
 
     def _fail(self, replica, what, tail):
         failures = replica.failures + 1
-        _set(replica, "failed", f"{what}; retrying in {retry_delay(failures)} s; last lines: {tail}",
+        delay = retry_delay(failures)
+        _set(replica, "failed", f"{what}; " + (f"retrying in {delay} s" if delay else "restarting now")
+             + f"; last lines: {tail}",
              failures=failures)
 
     async def _tail(self, replica):
