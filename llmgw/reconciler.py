@@ -141,7 +141,10 @@ class Reconciler:
                               r["package_lock_retry"], self.conf["engines"]["download_on_node"])
         for engine, version in self.wanted_engines().items():
             row = installer.row(engine, version)
-            if row.state == "pending" or row.version != version or row.next_check <= utcnow():
+            # This task is the only one installing on this node, so a row it finds
+            # "installing" was left by a reconciler that died mid-install: resume it now.
+            if row.state in ("pending", "installing") or row.version != version \
+                    or row.next_check <= utcnow():
                 await installer.converge(engine, version)
         for engine, path in self.conf["node_engines"].get(node.name, {}).items():
             row = EngineInstall.get_or_none(node=node, engine=engine)

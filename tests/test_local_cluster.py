@@ -108,3 +108,16 @@ def test_an_engine_killed_once_is_started_again_at_once(cluster, tmp_path):
     assert Replica.get().detail.startswith("its engine exited; restarting now")
     reconcile(cluster["conf"], lambda: len(ready()) == 1)
     assert int(pidfile.read_text()) != pid and Replica.get().failures == 0
+
+
+def test_an_install_left_half_done_by_a_dead_reconciler_resumes_on_the_next_pass(cluster):
+    import datetime
+    from llmgw.models import EngineInstall, utcnow
+    reconcile(cluster["conf"], lambda: len(ready()) == 1)
+    # What a reconciler killed during a re-install leaves: the row says "installing", and its
+    # next verification is minutes away.
+    EngineInstall.update(state="installing", detail="checking that sim_engine.py runs",
+                         next_check=utcnow() + datetime.timedelta(minutes=10)).execute()
+    reconcile(cluster["conf"])
+    row = EngineInstall.get(EngineInstall.engine == "sim")
+    assert row.state == "ready", row.detail
