@@ -74,3 +74,8 @@ def test_migrations_apply_revert_and_apply_again(app):
     migrate.downgrade(db, 1)
     assert "node_event" not in db.get_tables() and "node" in db.get_tables()
     assert migrate.upgrade(db) == every[1:]
+
+
+def test_serve_starts_a_dying_reconciler_again_with_backoff():
+    from llmgw.cli.setup import restart_delay
+    assert [restart_delay(n) for n in (1, 2, 3, 6, 7, 20)] == [1, 2, 4, 32, 60, 60]

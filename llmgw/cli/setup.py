@@ -131,6 +131,16 @@ def gunicorn_argv(c):
             "llmgw:create_app()"]
 
 
+# A reconciler that dies under `serve` is started again after 1 s, doubling to a minute while it
+# keeps dying within a minute of its start; the gateway serves throughout.
+RESTART_FIRST, RESTART_MAX, RESTART_RESET = 1, 60, 60
+
+
+def restart_delay(restarts):
+    """Seconds to wait before starting the reconciler again after `restarts` quick deaths."""
+    return min(RESTART_FIRST * 2 ** max(restarts - 1, 0), RESTART_MAX)
+
+
 @llmgw.command("serve")
 @root_option
 def serve():
@@ -139,30 +149,60 @@ def serve():
     migrate.upgrade(database.obj)
     database.close()
     env = dict(os.environ, LLMGW_ROOT=c["_root"]) if c["_path"] != str(config.SYSTEM_CONFIG) else dict(os.environ)
-    children = [subprocess.Popen(gunicorn_argv(c), env=env),
-                subprocess.Popen([sys.executable, "-m", "flask", "--app", "llmgw:create_app",
-                                  "llmgw", "reconcile"], env=env)]
-    click.echo(f"llmgw serving on {c['server']['public_url']} (pids {children[0].pid}, {children[1].pid})")
+    web = subprocess.Popen(gunicorn_argv(c), env=env)
+    reconciler = _Reconciler(env)
+    click.echo(f"llmgw serving on {c['server']['public_url']} (pids {web.pid}, {reconciler.proc.pid})")
+    stopping = []
 
     def stop(*_):
-        for p in children:
+        stopping.append(True)
+        for p in (web, reconciler.proc):
             if p.poll() is None:
                 p.terminate()
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     try:
-        while all(p.poll() is None for p in children):
+        while not stopping and web.poll() is None:
+            reconciler.keep_running(stopping)
             time.sleep(0.5)
     finally:
         stop()
-        for p in children:
+        for p in (web, reconciler.proc):
             try:
                 p.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
-    failed = [p for p in children if p.returncode not in (0, -signal.SIGTERM, None)]
-    if failed:
-        raise click.ClickException("a child process exited with status "
-                                   + ", ".join(str(p.returncode) for p in failed))
+    if web.returncode not in (0, -signal.SIGTERM, None):
+        raise click.ClickException(f"the web server (gunicorn) exited with status {web.returncode}")
+
+
+class _Reconciler:
+    """The reconciler child of `serve`, started again when it dies."""
+
+    def __init__(self, env):
+        self.env, self.restarts = env, 0
+        self._start()
+
+    def _start(self):
+        self.proc = subprocess.Popen([sys.executable, "-m", "flask", "--app", "llmgw:create_app",
+                                      "llmgw", "reconcile"], env=self.env)
+        self.started = time.monotonic()
+
+    def keep_running(self, stopping):
+        """Start the reconciler again, after a pause, if it has exited on its own."""
+        if self.proc.poll() is None:
+            return
+        ran = time.monotonic() - self.started
+        self.restarts = 1 if ran > RESTART_RESET else self.restarts + 1
+        delay = restart_delay(self.restarts)
+        click.echo(f"the reconciler (pid {self.proc.pid}) exited with status {self.proc.returncode} "
+                   f"after {ran:.0f} s; starting it again in {delay} s; the gateway keeps serving",
+                   err=True)
+        deadline = time.monotonic() + delay
+        while not stopping and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not stopping:
+            self._start()
+
 
