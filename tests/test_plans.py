@@ -89,7 +89,8 @@ def test_fallback_launch_keeps_user_strings_as_arguments():
 
 
 def test_units_are_parsed_from_listings():
-    assert launch.parse_units("llmgw-a-0\nllmgw-b-1\nother\n") == {"a-0", "b-1"}
+    listed = "llmgw-a-0 active\nllmgw-b-1 activating\nllmgw-c-2\nother x\n"
+    assert launch.parse_units(listed) == {"a-0": "active", "b-1": "activating", "c-2": "active"}
 
 
 def test_supervisor_is_systemd_only_as_root_under_systemd():

@@ -118,18 +118,22 @@ def start_argv(supervisor, unit, argv, base_dir, env=None):
 
 
 def list_argv(supervisor, base_dir):
-    """Return the argv listing running llmgw-* engines, one unit name per line."""
+    """Return the argv listing llmgw-* engines in any state, one 'UNIT STATE' line each.
+
+    Every state, not only active ones: a crash-looping unit spends most of its time
+    'activating' (auto-restart) and must still be found to be stopped.
+    """
     if supervisor == "systemd":
         # Only units we started: the description says so. A node may run other llmgw-*
         # units (the control plane's own llmgw-web when it is also a node) that are not ours.
-        return ["sh", "-c", "systemctl list-units --plain --no-legend --state=active 'llmgw-*' "
+        return ["sh", "-c", "systemctl list-units --all --plain --no-legend 'llmgw-*' "
                 f"| awk '$5 == \"{DESCRIPTION.split()[0]}\" && $6 == \"{DESCRIPTION.split()[1]}\" "
-                "{print $1}' | sed 's/\\.service$//'"]
+                "{print $1, $3}' | sed 's/\\.service / /'"]
     # A pidfile outlives a reboot and pids are reused: a process is ours only while its
     # environment still carries the unit name it was started with.
     script = ('for f in "$0"/llmgw-*.pid; do [ -e "$f" ] || continue; u=$(basename "$f" .pid); '
               'p=$(cat "$f"); if [ -n "$p" ] && tr "\\0" "\\n" < /proc/"$p"/environ 2>/dev/null '
-              '| grep -qx "LLMGW_UNIT=$u"; then echo "$u"; else rm -f "$f"; fi; done')
+              '| grep -qx "LLMGW_UNIT=$u"; then echo "$u active"; else rm -f "$f"; fi; done')
     return ["sh", "-c", script, run_dir(base_dir)]
 
 
@@ -145,10 +149,10 @@ def stop_argv(supervisor, unit, base_dir):
 
 
 def parse_units(text):
-    """Return the set of replica names from list_argv output (llmgw-<name> lines)."""
-    names = set()
-    for line in text.split():
-        line = line.strip()
-        if line.startswith("llmgw-"):
-            names.add(line[len("llmgw-"):])
-    return names
+    """Return {replica name: state} from list_argv output ('llmgw-<name> STATE' lines)."""
+    units = {}
+    for line in text.splitlines():
+        words = line.split()
+        if words and words[0].startswith("llmgw-"):
+            units[words[0][len("llmgw-"):]] = words[1] if len(words) > 1 else "active"
+    return units

@@ -10,7 +10,7 @@ from ..executors.transport import LocalTransport
 from ..facts import changes, gpu, host
 from ..models import Node, NodeEvent, Replica, database, utcnow
 from ..plans import launch, nodespec
-from .replicas import running_units
+from .replicas import units_on
 
 INSTALL_KEY = ('umask 077; mkdir -p "$HOME/.ssh"; touch "$HOME/.ssh/authorized_keys"; '
                'grep -qxF "$0" "$HOME/.ssh/authorized_keys" || echo "$0" >> "$HOME/.ssh/authorized_keys"')
@@ -215,7 +215,7 @@ async def remove_node(conf, node, force=False):
     t = transport_for(node, conf)
     try:
         sup = launch.supervisor_for(node.facts or {})
-        units = await running_units(t, sup, node.base_dir)
+        units = set(await units_on(t, sup, node.base_dir))  # crash-looping ones too
         for name in sorted(units):
             await t.check(launch.stop_argv(sup, f"llmgw-{name}", node.base_dir),
                           what=f"stopping llmgw-{name}")

@@ -52,10 +52,16 @@ def engine_load(endpoint, timeout=2):
     return metrics.parse_load(resp.text) if resp.status_code == 200 else None
 
 
-async def running_units(transport, supervisor, base_dir):
-    """Return the replica names whose llmgw-* units run on the node."""
+async def units_on(transport, supervisor, base_dir):
+    """Return {replica name: state} of our llmgw-* units on the node, in any state."""
     result = await transport.check(launch.list_argv(supervisor, base_dir), what="listing llmgw-* engines")
     return launch.parse_units(result.stdout)
+
+
+async def running_units(transport, supervisor, base_dir):
+    """Return the replica names whose llmgw-* units run on the node."""
+    units = await units_on(transport, supervisor, base_dir)
+    return {name for name, state in units.items() if state == "active"}
 
 
 async def check_over_http(rows):
@@ -123,9 +129,12 @@ class NodeReplicas:
 
         Returns (running names, replica rows of this node).
         """
-        running = await running_units(self.t, self.supervisor, self.node.base_dir)
+        units = await units_on(self.t, self.supervisor, self.node.base_dir)
+        running = {name for name, state in units.items() if state == "active"}
         rows = list(Replica.select().where(Replica.node == self.node))
-        for orphan in sorted(running - {r.name for r in rows}):
+        # An orphan is stopped whatever its state: one crash-looping under systemd is mostly
+        # 'activating', and would otherwise restart for ever.
+        for orphan in sorted(set(units) - {r.name for r in rows}):
             await self.t.run(launch.stop_argv(self.supervisor, f"llmgw-{orphan}", self.node.base_dir))
         return running, rows
 

@@ -186,6 +186,24 @@ def test_the_plain_node_uses_the_setsid_fallback_with_a_log_file(cluster):
     assert f"llmgw-{name}:" in out
 
 
+def test_a_crash_looping_unit_of_ours_is_stopped_whatever_its_state(cluster):
+    """A unit of ours with no replica row, restarting for ever, spends most of its time
+    'activating (auto-restart)': it must still be found and stopped."""
+    sysd = cluster["sysd"]
+    started = sysd.exec(["systemd-run", "--unit=llmgw-ghost-0", "--property=Restart=on-failure",
+                         "--property=RestartSec=1", "--description=llmgw engine llmgw-ghost-0",
+                         "/bin/false"])
+    assert started.returncode == 0, started.stderr
+
+    def state():
+        return sysd.exec(["systemctl", "show", "-p", "ActiveState", "--value", "llmgw-ghost-0"]).stdout.strip()
+    wait_for("the ghost unit to crash-loop", lambda: state() in ("activating", "failed"), timeout=30, every=0.2)
+    wait_for("the reconciler to stop the ghost unit", lambda: state() == "inactive"
+             and "llmgw-ghost-0" not in sysd.exec(["systemctl", "list-units", "--all", "--plain",
+                                                    "--no-legend", "llmgw-ghost-*"]).stdout,
+             timeout=60, every=0.5)
+
+
 def test_a_restarted_control_plane_adopts_every_engine(cluster):
     root = cluster["root"]
     before_units, before_pids = engine_units(cluster), main_pids(cluster, root)
