@@ -14,7 +14,7 @@ import time
 
 from . import db as dbmod
 from . import leader
-from .errors import LlmgwError
+from .errors import HostKeyMismatch, LlmgwError
 from .executors.release import ReleaseCache
 from .models import EngineInstall, LogRequest, Model, Node, Replica, database, utcnow
 from .services import catalog, endpoints, logs, nodes, placing
@@ -35,6 +35,7 @@ class Reconciler:
         self.conf = conf
         self.transports = {}
         self.reachable = set()  # nodes SSH reached this pass
+        self.impostors = set()  # nodes whose address answered with another host key
         self.tasks = {}
         self.gpus_checked = {}  # node id -> when nvidia-smi was last asked
         e = conf["engines"]
@@ -88,6 +89,8 @@ class Reconciler:
             if node.id in self.reachable:
                 self._spawn(("install", node.id), self._installs(node.id))
                 self._spawn(("replicas", node.id), self._replicas(node.id))
+            elif node.id in self.impostors:
+                distrust(node)
             else:
                 self._spawn(("http-health", node.id), check_over_http(list(node.replicas)))
 
@@ -116,9 +119,14 @@ class Reconciler:
             else:
                 await t.check(["true"], what="reaching the node")
             self.reachable.add(node.id)
+            self.impostors.discard(node.id)
             node.reachable, node.last_seen, node.last_error = True, utcnow(), ""
         except LlmgwError as e:
             self.reachable.discard(node.id)
+            if isinstance(e, HostKeyMismatch):
+                self.impostors.add(node.id)
+            else:
+                self.impostors.discard(node.id)
             stale = self.transports.pop(node.id, None)
             if stale is not None:
                 await stale.close()
@@ -238,6 +246,19 @@ class Reconciler:
             except Exception:
                 log.exception("answering log requests failed")
             await asyncio.sleep(LOG_POLL_SECONDS)
+
+
+def distrust(node):
+    """Take a node's replicas out of routing while its address offers another host key.
+
+    The machine answering there may not be ours: user prompts must not go to it, however
+    well its engines answer /health, until an operator re-pins the key.
+    """
+    Replica.update(state="unhealthy", updated=utcnow(),
+                   detail=f"out of routing: {node.addr} offers a host key other than the pinned "
+                          f"one; re-pin it with `flask llmgw add-node {node.name} --repin` once "
+                          f"you know the machine is ours") \
+        .where(Replica.node == node, Replica.state.in_(("ready", "starting", "unhealthy"))).execute()
 
 
 def _reach(t):

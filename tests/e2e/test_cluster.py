@@ -235,6 +235,27 @@ def test_an_unreachable_node_does_not_hold_up_the_gateway(cluster):
     wait_for("the plain node to be reachable again", lambda: nodes_json(root)["plain"]["reachable"], 60)
 
 
+def test_a_node_offering_another_host_key_gets_no_more_prompts(cluster):
+    """The machine now answering at that address may not be ours: its replicas leave routing,
+    however well their engines answer /health, until the key matches again."""
+    root, plain = cluster["root"], cluster["plain"]
+    name = replica_on(root, "plain")
+
+    def row():
+        return next(r for r in nodes_json(root)["plain"]["replicas"] if r["name"] == name)
+    plain.set_host_key(new=True)
+    try:
+        wait_for("plain's replica to leave routing", lambda: row()["state"] == "unhealthy"
+                 and "offers a host key other than the pinned one" in row()["detail"], timeout=60)
+        assert "--repin" in row()["detail"]
+        reply = cluster["client"].chat.completions.create(
+            model="tiny", max_tokens=2, messages=[{"role": "user", "content": "hi"}])
+        assert reply.choices[0].message.content  # the replica on sysd serves alone
+    finally:
+        plain.set_host_key(new=False)
+    wait_for("plain's replica back in routing", lambda: row()["state"] == "ready", timeout=60)
+
+
 @pytest.fixture(scope="module")
 def bad_plane(cluster):
     """A second control plane whose llama.cpp release publishes a wrong digest, with one node."""
