@@ -28,6 +28,9 @@ LOG_POLL_SECONDS = 0.25
 STANDBY_POLL_SECONDS = 2
 LEAD_CHECK_SECONDS = 2
 LEAD_CHECK_TIMEOUT = 15
+# How long a pass waits for the nodes' looks before it places replicas: an answering node
+# answers within it; one that does not is tended from its last finished look.
+LOOK_PATIENCE_SECONDS = 3
 
 
 class Reconciler:
@@ -76,10 +79,19 @@ class Reconciler:
     async def pass_once(self):
         """One pass: look at every node, place replicas, hand slow work to per-node tasks.
 
-        Installs and replica starts run as background tasks, one of each per node, so an apt
-        lock waited out on one node or a model file copied to another holds up nobody else.
+        Each node is looked at by a task of its own. A node that does not answer (packets
+        dropped: SSH waits out its connect timeout) keeps only its own look waiting; the pass
+        waits a moment for the looks, then places and tends every node from what its last
+        finished look said. One silent node once held every node's pass (and last-seen) for a
+        minute. Installs and replica starts run as background tasks, one of each per node, so
+        an apt lock on one node or a model file copied to another holds up nobody else.
         """
-        await asyncio.gather(*(self._look_bounded(n) for n in Node.select()))
+        nodes_now = list(Node.select())
+        for node in nodes_now:
+            self._spawn(("look", node.id), self._look_bounded(node))
+        looks = [self.tasks[("look", n.id)] for n in nodes_now]
+        if looks:
+            await asyncio.wait(looks, timeout=LOOK_PATIENCE_SECONDS)
         self._spawn(("endpoints",), endpoints.check_all(self.conf["_root"]))
         try:
             self.place()
