@@ -133,6 +133,7 @@ class Node(Base):
     mgmt_interface = pw.TextField(default="")
     use_sudo = pw.BooleanField(default=False)
     discovered = pw.DateTimeField(null=True)
+    state = pw.TextField(default="ready")  # ready, or cordoned: takes no new replicas
 
 
 class NodeEvent(Base):

@@ -119,3 +119,28 @@ def test_a_model_named_like_a_path_has_its_page(fleet, cli, tiny, client, auth):
     assert out.exit_code == 0, out.output
     auth.login(password=auth.password)
     assert client.get("/models/org/llama").status_code == 200
+
+
+def test_cordon_keeps_what_runs_places_nothing_new_and_says_so(fleet, cli, tiny, client, auth):
+    cli("model", "add", "pair", "--file", tiny, "--gpus", "2", "--gpu-class", "h100-80g")
+    place_now(fleet)
+    out = cli("cordon", "gpu-a")
+    assert out.exit_code == 0 and "gpu-a cordoned by the CLI" in out.output
+    cli("model", "set", "pair", "--replicas", "2")
+    place_now(fleet)
+    assert [r.node.name for r in Replica.select().order_by(Replica.name)] == ["gpu-a"]
+    assert "gpu-a: cordoned: it takes no new replicas" in Model.get(Model.name == "pair").verdict["summary"]
+    assert json.loads(cli("nodes", "--json").output)[1]["state"] == "cordoned"
+    unknown = cli("cordon", "gpu-z")
+    assert unknown.exit_code != 0 and "no node called 'gpu-z' (nodes: cpu-c, gpu-a, gpu-b)" in unknown.output
+    auth.login(password=auth.password)
+    page = client.get("/nodes/gpu-a").get_data(as_text=True)
+    token = page.split('name="csrf_token" value="')[1].split('"')[0]
+    assert Rows(page).ids["node-state"] == "cordoned"
+    done = client.post("/nodes/gpu-a/uncordon", data={"csrf_token": token}, follow_redirects=True)
+    assert "gpu-a uncordoned by admin@example.com" in done.get_data(as_text=True)
+    assert Node.get(Node.name == "gpu-a").state == "ready"
+    assert client.post("/nodes/gpu-a/cordon").status_code == 400  # no CSRF token, no change
+    assert Node.get(Node.name == "gpu-a").state == "ready"
+    place_now(fleet)
+    assert Replica.select().count() == 2

@@ -30,6 +30,7 @@ def node_facts(spec):
     installs = {e: (s, "") if isinstance(s, str) else tuple(s)
                 for e, s in spec.get("installs", {"llamacpp": "ready"}).items()}
     return {"name": spec["name"], "reachable": spec.get("reachable", True), "installs": installs,
+            "state": spec.get("state", "ready"),
             "labels": spec.get("labels", {}), "memory_mb": spec.get("memory_mb", 1048576),
             "gpus": gpus}
 
@@ -106,5 +107,5 @@ def test_placement_is_deterministic_and_stable(path):
 def test_there_are_cases_for_every_kind_of_decision():
     names = {p.stem for p in (CASES / "placement").glob("*.json")}
     for word in ("class", "count", "card-memory", "unhealthy", "label", "ram", "share", "spread",
-                 "stable", "moves", "installing", "balance"):
+                 "stable", "moves", "installing", "balance", "cordon"):
         assert any(word in n for n in names), f"no placement case about {word}"

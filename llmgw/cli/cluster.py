@@ -119,8 +119,25 @@ def engine_check(name, engine, path):
 def _node(name):
     node = Node.get_or_none(Node.name == name)
     if node is None:
-        raise LlmgwError(f"no node called {name!r}; `flask llmgw nodes` lists them.")
+        known = ", ".join(n.name for n in Node.select(Node.name).order_by(Node.name)) or "none yet"
+        raise LlmgwError(f"no node called {name!r} (nodes: {known}); `flask llmgw nodes` lists them.")
     return node
+
+
+@llmgw.command("cordon")
+@click.argument("name")
+@root_option
+def cordon(name):
+    """Place no new replicas on a node; those running there stay."""
+    click.echo(nodes.cordon(_node(name), True))
+
+
+@llmgw.command("uncordon")
+@click.argument("name")
+@root_option
+def uncordon(name):
+    """Let new replicas be placed on a cordoned node again."""
+    click.echo(nodes.cordon(_node(name), False))
 
 
 @llmgw.command("nodes")
@@ -131,6 +148,7 @@ def list_nodes(as_json):
     out = []
     for n in Node.select().order_by(Node.name):
         out.append({"name": n.name, "addr": n.addr, "port": n.port, "reachable": n.reachable,
+                    "state": n.state,
                     "labels": n.labels or {}, "fabric": n.fabric, "user": n.ssh_user,
                     "last_error": n.last_error, "host_key": n.host_key_fp,
                     "supervisor": supervisor_for(n.facts or {}),
@@ -142,7 +160,7 @@ def list_nodes(as_json):
     if as_json:
         return echo_json(out)
     for n in out:
-        click.echo(f"{n['name']:<16} {n['addr']}:{n['port']}  "
+        click.echo(f"{n['name']:<16} {n['state']:<9} {n['addr']}:{n['port']}  "
                    f"{'reachable' if n['reachable'] else 'UNREACHABLE ' + n['last_error']}")
         for i in n["installs"]:
             click.echo(f"    {i['engine']} {i['version']}: {i['state']}  {i['detail']}")

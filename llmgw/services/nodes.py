@@ -93,6 +93,18 @@ async def rediscover(node, transport):
     return node
 
 
+def cordon(node, on, who="the CLI"):
+    """Cordon a node (no new replicas; what runs there stays) or uncordon it; return a sentence."""
+    wanted = "cordoned" if on else "ready"
+    if node.state == wanted:
+        return f"{node.name} is already {'cordoned' if on else 'uncordoned'}; nothing changed"
+    Node.update(state=wanted).where(Node.id == node.id).execute()
+    said = (f"cordoned by {who}: no new replicas are placed here; those running stay"
+            if on else f"uncordoned by {who}: new replicas may be placed here again")
+    log_event(node, said)
+    return f"{node.name} {said}"
+
+
 async def check_gpus(node, transport):
     """Ask nvidia-smi again (cheaper than a discovery); log cards turning sick or well, store."""
     result = await transport.run(gpu.QUERY_ARGV, timeout=30)

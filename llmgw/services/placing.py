@@ -25,7 +25,7 @@ def need_of(model):
 def facts_of(node, installs):
     """Return what the planner knows of a node."""
     f = node.facts or {}
-    return {"name": node.name, "reachable": node.reachable,
+    return {"name": node.name, "reachable": node.reachable, "state": node.state,
             "installs": {i.engine: (i.state, i.detail, i.variant) for i in installs},
             "labels": node.labels or {}, "memory_mb": (f.get("memory") or {}).get("total_mb", 0),
             "gpus": f.get("gpus", [])}

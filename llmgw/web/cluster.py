@@ -1,8 +1,9 @@
 """The cluster page, a node's page, and its live log pane."""
-from flask import Blueprint, abort, render_template, request, url_for
+from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
+from flask_login import current_user
 
 from ..models import EngineInstall, LogRequest, Model, Node, NodeEvent, Replica, utcnow
-from ..services import cards
+from ..services import cards, nodes
 from ..plans.launch import supervisor_for
 from . import admin_required, is_htmx
 
@@ -68,6 +69,20 @@ def node_page(name):
     return render_template("node.html", node=node, replicas=reps, source=source, req=req, events=events,
                            installs=list(node.installs), supervisor=supervisor_for(node.facts or {}),
                            gpus=cards.node_cards(node))
+
+
+@bp.post("/nodes/<name>/cordon")
+@admin_required
+def cordon(name):
+    flash(nodes.cordon(_node(name), True, current_user.email))
+    return redirect(url_for("cluster.node_page", name=name))
+
+
+@bp.post("/nodes/<name>/uncordon")
+@admin_required
+def uncordon(name):
+    flash(nodes.cordon(_node(name), False, current_user.email))
+    return redirect(url_for("cluster.node_page", name=name))
 
 
 def _ask(node, source, cursor):
