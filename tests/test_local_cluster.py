@@ -121,3 +121,16 @@ def test_an_install_left_half_done_by_a_dead_reconciler_resumes_on_the_next_pass
     reconcile(cluster["conf"])
     row = EngineInstall.get(EngineInstall.engine == "sim")
     assert row.state == "ready", row.detail
+
+
+def test_the_node_s_history_records_installs_and_replicas_coming_and_going(cluster):
+    from llmgw.models import NodeEvent
+    reconcile(cluster["conf"], lambda: len(ready()) == 1)
+    Model.update(replicas=0).where(Model.name == "demo").execute()
+    reconcile(cluster["conf"], lambda: NodeEvent.select().where(
+        NodeEvent.text.startswith("stopped llmgw-demo-0")).exists())
+    said = [e.text for e in NodeEvent.select().order_by(NodeEvent.id)]
+    assert said[0].startswith("sim builtin installing: ") and said[1].startswith("sim builtin ready: ")
+    assert any(t.startswith("demo-0 starting: started as llmgw-demo-0 under setsid") for t in said)
+    assert any(t.startswith("demo-0 ready: serving on http://127.0.0.1:") for t in said)
+    assert said[-1] == ("stopped llmgw-demo-0 (active): no replica of that name is placed here any more")

@@ -9,7 +9,7 @@ from importlib import resources
 from ..errors import InstallError, LlmgwError
 from ..facts.host import packaging_family
 from ..facts.ldd import missing_libraries
-from ..models import EngineInstall, utcnow
+from ..models import EngineInstall, NodeEvent, utcnow
 from ..executors.ssh import LONG_FILE_SECONDS
 from ..facts import tarlist
 from ..plans import archive, packages
@@ -40,10 +40,13 @@ class Installer:
         return row
 
     def _set(self, row, state, detail, **fields):
+        was = row.state
         row.state, row.detail, row.updated = state, detail, utcnow()
         for k, v in fields.items():
             setattr(row, k, v)
         row.save()
+        if state != was:  # the node's history gets each change of state, not every step
+            NodeEvent.create(node=self.node, text=f"{row.engine} {row.version} {state}: {detail}")
 
     async def converge(self, engine, version):
         """Install or re-verify engine@version; return the row with its final state."""

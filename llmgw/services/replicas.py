@@ -10,7 +10,7 @@ import requests
 
 from ..errors import LlmgwError, NodeError
 from ..facts import metrics, ports
-from ..models import EngineInstall, Replica, utcnow
+from ..models import EngineInstall, NodeEvent, Replica, utcnow
 from ..plans import launch
 from ..plans.placement import free_port
 from ..plans.replica_state import next_step, retry_delay
@@ -99,11 +99,18 @@ def _set(replica, state, detail="", **fields):
     replica to other cards or another node: a write from that old view must not undo the move.
     """
     values = dict(state=state, detail=detail, updated=utcnow(), **fields)
+    was = replica.state
     written = Replica.update(**values).where(_still_there(replica)).execute()
     if written:
         for k, v in values.items():
             setattr(replica, k, v)
+        if state != was and state in LOGGED_STATES:
+            NodeEvent.create(node=replica.node_id, text=f"{replica.name} {state}: {detail}")
     return bool(written)
+
+
+# The replica states a node's history records when a replica enters them.
+LOGGED_STATES = ("starting", "ready", "unhealthy", "failed")
 
 
 def _still_there(replica):
@@ -136,6 +143,8 @@ class NodeReplicas:
         # 'activating', and would otherwise restart for ever.
         for orphan in sorted(set(units) - {r.name for r in rows}):
             await self.t.run(launch.stop_argv(self.supervisor, f"llmgw-{orphan}", self.node.base_dir))
+            NodeEvent.create(node=self.node, text=f"stopped llmgw-{orphan} ({units[orphan]}): no "
+                                                  f"replica of that name is placed here any more")
         return running, rows
 
     async def one(self, replica, is_running):
