@@ -114,6 +114,11 @@ class Reconciler:
             log.warning("%s: looking at it took too long this pass", node.name)
         except Exception:  # one node's surprise is logged, never the whole pass's end
             log.exception("looking at %s failed", node.name)
+            return
+        if node.id in self.reachable:
+            # Installs need no placement: a node whose look outlasted the pass's patience (its
+            # first address dead, say) starts them now rather than a pass later.
+            self._spawn(("install", node.id), self._installs(node.id))
 
     async def _look(self, node):
         """Reach the node (discovering it when due); a failure marks it unreachable.
