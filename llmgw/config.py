@@ -46,6 +46,7 @@ DEFAULTS = {
         "health_timeout": 180,
         "port_range": "18000-18999",
         "gpu_check_interval": 30,
+        "stop_grace": 30,
     },
     "accounts": {
         "signup": "closed",

@@ -128,9 +128,36 @@ def test_the_node_s_history_records_installs_and_replicas_coming_and_going(clust
     reconcile(cluster["conf"], lambda: len(ready()) == 1)
     Model.update(replicas=0).where(Model.name == "demo").execute()
     reconcile(cluster["conf"], lambda: NodeEvent.select().where(
-        NodeEvent.text.startswith("stopped llmgw-demo-0")).exists())
+        NodeEvent.text.startswith("stopped demo-0")).exists())
     said = [e.text for e in NodeEvent.select().order_by(NodeEvent.id)]
     assert said[0].startswith("sim builtin installing: ") and said[1].startswith("sim builtin ready: ")
     assert any(t.startswith("demo-0 starting: started as llmgw-demo-0 under setsid") for t in said)
     assert any(t.startswith("demo-0 ready: serving on http://127.0.0.1:") for t in said)
-    assert said[-1] == ("stopped llmgw-demo-0 (active): no replica of that name is placed here any more")
+    assert said[-1] == "stopped demo-0: the model has fewer replicas; its requests done"
+
+
+def test_a_stream_on_a_replica_scaled_away_finishes_with_done(local_sim):
+    """model set --replicas shrinks the model while a 5 s stream runs on the replica that goes:
+    it leaves routing at once, and is stopped only when its engine says the stream is done."""
+    import threading
+    import requests
+    env = local_sim("0.1")
+    Model.update(replicas=2).where(Model.name == "demo").execute()
+    reconcile(env["conf"], lambda: len(ready()) == 2)
+    leaving = Replica.get(Replica.name == "demo-1")
+    got = {}
+
+    def stream():
+        with requests.post(leaving.endpoint + "/v1/chat/completions", stream=True, timeout=30,
+                           json={"model": "demo", "stream": True, "max_tokens": 50,
+                                 "messages": [{"role": "user", "content": "go"}]}) as resp:
+            got["body"] = resp.content.decode()
+    reader = threading.Thread(target=stream)
+    reader.start()
+    Model.update(replicas=1).where(Model.name == "demo").execute()
+    reconcile(env["conf"], lambda: not Replica.select().where(Replica.name == "demo-1").exists(),
+              timeout=60)
+    reader.join(30)
+    assert got["body"].rstrip().endswith("data: [DONE]")
+    assert got["body"].count("data: ") == 50 + 3  # role, 50 tokens, finish, [DONE]
+    assert [r.name for r in ready()] == ["demo-0"]

@@ -229,6 +229,19 @@ class NodeState:
                 f"GiB on GPU {best.index})")
 
     # --- claims carried over from earlier passes -------------------------------------------
+    def hold(self, claim):
+        """Keep a leaving replica's cards and RAM taken, without counting it for its model."""
+        for uuid in claim.get("gpus") or []:
+            card = self.by_uuid.get(uuid)
+            if card is None:
+                continue
+            if claim.get("gpu_memory_mb"):
+                card.shared[claim["replica"]] = claim["gpu_memory_mb"]
+            elif not card.owner:
+                card.owner = claim["replica"]
+        self.claimed_mb += claim.get("memory_mb") or 0
+        self.replicas += 1
+
     def keep(self, need, claim):
         """Re-take a recorded claim; return (its cards, '') or (None, why it no longer holds)."""
         cards, why = self._kept_cards(need, claim)

@@ -59,9 +59,15 @@ def _keep(result, by_model, claims):
     """Re-take the recorded claims that still hold, first, so new replicas work around them."""
     for claim in sorted(claims, key=lambda c: c["replica"]):
         need = by_model.get(claim["model"])
-        if need is None or claim["replica"] not in replica_names(need.model, need.replicas):
-            continue  # a surplus replica: stopped and forgotten by the caller
+        if need is None:
+            continue
         state = result.states.get(claim["node"])
+        if claim["replica"] not in replica_names(need.model, need.replicas):
+            # A surplus replica being stopped: it finishes its requests on its cards, which
+            # no other replica may take until it is gone.
+            if state is not None:
+                state.hold(claim)
+            continue
         cards, why = (None, "its node is gone") if state is None else state.keep(need, claim)
         if why:
             result.moved[claim["replica"]] = why

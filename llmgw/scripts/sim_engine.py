@@ -9,6 +9,7 @@ import argparse
 import hashlib
 import json
 import sys
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -47,6 +48,16 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         if self.path == "/health":
             return self._json(200, {"status": "ok"})
+        if self.path == "/metrics":
+            # llama-server's names for the requests being worked on and those waiting, so the
+            # reconciler can tell when a replica it is stopping has finished its work.
+            data = ("llamacpp:requests_processing %d\nllamacpp:requests_deferred 0\n"
+                    % self.server.busy).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            return self.wfile.write(data)
         if self.path == "/v1/models":
             return self._json(200, {"object": "list", "data": [
                 {"id": self.server.model, "object": "model", "owned_by": "llmgw-sim"}]})
@@ -62,6 +73,15 @@ class Handler(BaseHTTPRequestHandler):
             return self._embeddings(body)
         if self.path not in ("/v1/chat/completions", "/v1/completions"):
             return self._json(404, {"error": {"message": "not found", "type": "not_found_error"}})
+        with self.server.lock:
+            self.server.busy += 1
+        try:
+            return self._generate(body)
+        finally:
+            with self.server.lock:
+                self.server.busy -= 1
+
+    def _generate(self, body):
         chat = self.path.endswith("chat/completions")
         time.sleep(self.server.first_byte_delay)
         prompt = prompt_of(body)
@@ -146,6 +166,7 @@ def main(argv=None):
     server.daemon_threads = True
     server.model, server.delay, server.first_byte_delay = args.model, args.token_delay, args.first_byte_delay
     server.prefill_delay = args.prefill_delay
+    server.busy, server.lock = 0, threading.Lock()
     print("sim: serving %s on %s:%d" % (args.model, args.host, args.port), flush=True)
     server.serve_forever()
     return 0

@@ -1,7 +1,7 @@
 """The placement planner fed from the database, and its result written back to replica rows."""
 import logging
 
-from ..models import EngineInstall, Model, Node, NodeEvent, Replica
+from ..models import EngineInstall, Model, Node, NodeEvent, Replica, utcnow
 from ..plans import placement
 from ..plans.fleet import MIB, Need
 
@@ -99,7 +99,13 @@ class Applier:
             elif claim is not None:
                 self._claimed(model, name, row, claim)
         for row in [r for r in self.rows.values() if r.model_id == model.id and r.name not in names]:
-            row.delete_instance()  # its unit is an orphan now, stopped on the next pass
+            if row.state != "stopping":
+                # Out of routing now (only ready replicas are routed to); its replicas task
+                # stops it once it is idle or its grace is over, then forgets it.
+                Replica.update(state="stopping", updated=utcnow(),
+                               detail="leaving: the model has fewer replicas; stopped once its "
+                                      "requests are done") \
+                    .where(Replica.id == row.id).execute()
         verdict = result.verdicts.get(model.name)
         if verdict is not None and verdict != model.verdict:
             if verdict["placed"] < verdict["wanted"]:
@@ -107,6 +113,11 @@ class Applier:
             Model.update(verdict=verdict).where(Model.id == model.id).execute()
 
     def _claimed(self, model, name, row, claim):
+        if row is not None and row.state == "stopping":
+            # Wanted again before it was gone: its engine still runs and is taken back.
+            Replica.update(state="pending", detail="wanted again before it stopped",
+                           updated=utcnow()).where(Replica.id == row.id).execute()
+            return
         if row is None:
             node = self.nodes[claim["node"]]
             Replica.create(name=name, model=model, node=node, port=self._port(node),

@@ -163,6 +163,9 @@ class NodeReplicas:
             _set(replica, "failed", str(e) or type(e).__name__, failures=replica.failures + 1)
 
     async def _step(self, replica, is_running):
+        if replica.state == "stopping":
+            await self._stop_when_done(replica, is_running)
+            return
         if replica.state == "moving":
             # Its cards were taken from it (one turned unhealthy, or the model needs others):
             # stop it now, not when it is its turn to restart, then start it on its new claim.
@@ -199,6 +202,29 @@ class NodeReplicas:
             self._fail(replica, "its engine exited", await self._tail(replica))
         elif action == "start":
             await self.start(replica)
+
+    async def _stop_when_done(self, replica, is_running):
+        """Stop a leaving replica once its engine says it is idle, or its grace is over.
+
+        It left routing when it became 'stopping'; the gateway workers' route caches may
+        still send it a request for route_cache_seconds, so it is never stopped before that.
+        """
+        grace = self.conf["reconciler"]["stop_grace"]
+        settle = self.conf["gateway"]["route_cache_seconds"] + 1
+        age = _age(replica)
+        why = "it was not running"
+        if is_running:
+            if age < settle:
+                return
+            load = await asyncio.to_thread(engine_load, replica.endpoint) if replica.endpoint else None
+            if age < grace and load != 0:
+                return  # serving requests still, or it cannot say: wait for the grace
+            why = "its requests done" if load == 0 else f"its {grace} s grace over ({load} requests left)"
+            await self.stop(replica)
+        gone = Replica.delete().where(_still_there(replica) & (Replica.state == "stopping")).execute()
+        if gone:
+            NodeEvent.create(node=self.node, text=f"stopped {replica.name}: the model has fewer "
+                                                  f"replicas; {why}")
 
     async def _restart_if_changed(self, replica):
         """Stop a replica started from an older model or engine, one of a model at a time."""
