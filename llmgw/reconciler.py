@@ -271,11 +271,11 @@ def distrust(node):
     The machine answering there may not be ours: user prompts must not go to it, however
     well its engines answer /health, until an operator re-pins the key.
     """
-    Replica.update(state="unhealthy", updated=utcnow(),
-                   detail=f"out of routing: {node.addr} offers a host key other than the pinned "
-                          f"one; re-pin it with `flask llmgw add-node {node.name} --repin` once "
-                          f"you know the machine is ours") \
-        .where(Replica.node == node, Replica.state.in_(("ready", "starting", "unhealthy"))).execute()
+    detail = (f"out of routing: {node.addr} offers a host key other than the pinned one; re-pin it "
+              f"with `flask llmgw add-node {node.name} --repin` once you know the machine is ours")
+    Replica.update(state="unhealthy", updated=utcnow(), detail=detail) \
+        .where((Replica.node == node) & (Replica.state.in_(("ready", "starting", "unhealthy")))
+               & (Replica.detail != detail)).execute()
 
 
 def _reach(t):
