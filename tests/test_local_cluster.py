@@ -83,8 +83,9 @@ def test_a_changed_model_restarts_its_replica_with_the_new_settings(cluster):
     reconcile(conf, lambda: len(ready()) == 1)
     pid = (node_dir(node) / "run" / "llmgw-demo-0.pid").read_text().strip()
     Model.update(args=["--token-delay", "0.01"]).where(Model.name == "demo").execute()
+    reconcile(conf, lambda: Replica.get().state == "restarting")  # out of routing first
     reconcile(conf, lambda: Replica.get().state == "pending")
-    assert Replica.get().detail == "restarting to apply the model's new settings"
+    assert Replica.get().detail == "restarting to apply the model's new settings; its requests done"
     reconcile(conf, lambda: len(ready()) == 1)
     assert (node_dir(node) / "run" / "llmgw-demo-0.pid").read_text().strip() != pid
     units = asyncio.run(running_units(LocalTransport(), "setsid", node.base_dir))
@@ -161,3 +162,26 @@ def test_a_stream_on_a_replica_scaled_away_finishes_with_done(local_sim):
     assert got["body"].rstrip().endswith("data: [DONE]")
     assert got["body"].count("data: ") == 50 + 3  # role, 50 tokens, finish, [DONE]
     assert [r.name for r in ready()] == ["demo-0"]
+
+
+def test_a_stream_on_a_replica_restarting_for_new_settings_finishes_with_done(local_sim):
+    import threading
+    import requests
+    env = local_sim("0.1")
+    reconcile(env["conf"], lambda: len(ready()) == 1)
+    serving = Replica.get()
+    got = {}
+
+    def stream():
+        with requests.post(serving.endpoint + "/v1/chat/completions", stream=True, timeout=30,
+                           json={"model": "demo", "stream": True, "max_tokens": 50,
+                                 "messages": [{"role": "user", "content": "go"}]}) as resp:
+            got["body"] = resp.content.decode()
+    reader = threading.Thread(target=stream)
+    reader.start()
+    Model.update(args=["--token-delay", "0.01"]).where(Model.name == "demo").execute()
+    reconcile(env["conf"], lambda: Replica.get().state == "pending", timeout=60)
+    reader.join(30)
+    assert got["body"].rstrip().endswith("data: [DONE]")
+    reconcile(env["conf"], lambda: len(ready()) == 1)
+

@@ -163,7 +163,7 @@ class NodeReplicas:
             _set(replica, "failed", str(e) or type(e).__name__, failures=replica.failures + 1)
 
     async def _step(self, replica, is_running):
-        if replica.state == "stopping":
+        if replica.state in ("stopping", "restarting"):
             await self._stop_when_done(replica, is_running)
             return
         if replica.state == "moving":
@@ -206,28 +206,41 @@ class NodeReplicas:
     async def _stop_when_done(self, replica, is_running):
         """Stop a leaving replica once its engine says it is idle, or its grace is over.
 
-        It left routing when it became 'stopping'; the gateway workers' route caches may
-        still send it a request for route_cache_seconds, so it is never stopped before that.
+        It left routing when it became 'stopping' (scaled away: then forgotten) or
+        'restarting' (started again on the model's new settings). The gateway workers' route
+        caches may still send it a request for route_cache_seconds: never stopped before that.
         """
-        grace = self.conf["reconciler"]["stop_grace"]
-        settle = self.conf["gateway"]["route_cache_seconds"] + 1
-        age = _age(replica)
-        why = "it was not running"
-        if is_running:
-            if age < settle:
-                return
-            load = await asyncio.to_thread(engine_load, replica.endpoint) if replica.endpoint else None
-            if age < grace and load != 0:
-                return  # serving requests still, or it cannot say: wait for the grace
-            why = "its requests done" if load == 0 else f"its {grace} s grace over ({load} requests left)"
-            await self.stop(replica)
+        why = await self._until_done(replica, is_running)
+        if why is None:
+            return
+        if replica.state == "restarting":
+            if _set(replica, "pending", f"restarting to apply the model's new settings; {why}"):
+                NodeEvent.create(node=self.node, text=f"stopped {replica.name} to restart it on "
+                                                      f"its model's new settings; {why}")
+            return
         gone = Replica.delete().where(_still_there(replica) & (Replica.state == "stopping")).execute()
         if gone:
             NodeEvent.create(node=self.node, text=f"stopped {replica.name}: the model has fewer "
                                                   f"replicas; {why}")
 
+    async def _until_done(self, replica, is_running):
+        """Stop the engine once it is idle or out of grace; return why, or None to wait on."""
+        grace = self.conf["reconciler"]["stop_grace"]
+        settle = self.conf["gateway"]["route_cache_seconds"] + 1
+        if not is_running:
+            return "it was not running"
+        age = _age(replica)
+        if age < settle:
+            return None
+        load = await asyncio.to_thread(engine_load, replica.endpoint) if replica.endpoint else None
+        if age < grace and load != 0:
+            return None  # serving requests still, or it cannot say: wait for the grace
+        await self.stop(replica)
+        return "its requests done" if load == 0 else f"its {grace} s grace over ({load} requests left)"
+
     async def _restart_if_changed(self, replica):
-        """Stop a replica started from an older model or engine, one of a model at a time."""
+        """Take a replica started from an older model or engine out of routing to restart it,
+        one of a model at a time; it is stopped once its requests are done."""
         install = EngineInstall.get_or_none(node=self.node, engine=replica.model.engine)
         if not replica.spec or install is None or install.state != "ready" \
                 or replica.spec == spec_of(replica.model, install, replica):
@@ -236,11 +249,11 @@ class NodeReplicas:
         async with lock:  # replicas on other nodes decide in turn, never all at once
             others_down = Replica.select().where(
                 Replica.model == replica.model_id, Replica.id != replica.id,
-                Replica.state.in_(("pending", "fetching", "starting"))).exists()
+                Replica.state.in_(("pending", "fetching", "starting", "restarting"))).exists()
             if others_down:
                 return True  # wait until the one already restarting serves again
-            await self.stop(replica)
-            _set(replica, "pending", "restarting to apply the model's new settings")
+            _set(replica, "restarting", "out of routing to restart on the model's new settings "
+                                        "once its requests are done")
         return True
 
     def _fail(self, replica, what, tail):
