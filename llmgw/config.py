@@ -48,6 +48,9 @@ DEFAULTS = {
         "gpu_check_interval": 30,
         "stop_grace": 30,
     },
+    "weights": {
+        "reserve": "5G",
+    },
     "accounts": {
         "signup": "closed",
     },
@@ -106,6 +109,7 @@ def load(root=None):
                               f"`flask llmgw init` to write a new one.") from e
         _merge(conf, found, path)
     _apply_env(conf)
+    _check_sizes(conf, path)
     _fill_paths(conf, data_dir(root))
     conf["_path"] = str(path)
     conf["_root"] = str(data_dir(root))
@@ -183,6 +187,16 @@ def _convert(name, raw, default):
         except ValueError:
             raise ConfigError(f"{name}={raw!r} is not a whole number; set it to e.g. {default}.")
     return raw
+
+
+def _check_sizes(conf, path):
+    """Turn size settings like weights.reserve = "5G" into MiB, or say what is wrong."""
+    from .plans import modelspec
+    try:
+        conf["weights"]["reserve_mb"] = modelspec.parse_size(str(conf["weights"]["reserve"]),
+                                                             "weights.reserve")
+    except modelspec.SpecError as e:
+        raise ConfigError(f"{path}: {e}") from e
 
 
 def _fill_paths(conf, data):

@@ -281,7 +281,8 @@ class NodeReplicas:
             if not _set(replica, "fetching", f"copying {model.name}'s file to {self.node.name}"):
                 return  # moved or removed since this pass looked
             path = await weights.ensure_on_node(self.t, self.node.base_dir, model,
-                                                self.conf["engines"]["cache"])
+                                                self.conf["engines"]["cache"],
+                                                self.conf["weights"]["reserve_mb"])
         if not Replica.select().where(_still_there(replica)).exists():
             return  # removed or moved while its file was copied: the next pass starts it where it is
         await self.t.run(launch.stop_argv(self.supervisor, replica.unit, self.node.base_dir))

@@ -6,6 +6,7 @@ import urllib.parse
 from pathlib import Path
 
 from ..errors import InstallError, LlmgwError
+from ..facts import host as df
 from ..executors.release import download_checked, sha256_file
 from ..executors.ssh import LONG_FILE_SECONDS
 from ..plans.placement import slug
@@ -42,8 +43,11 @@ def remote_path(base_dir, model):
     return posixpath.join(base_dir, "models", f"{slug(model.name)}-{model.sha256[:12]}.gguf")
 
 
-async def ensure_on_node(transport, base_dir, model, cache_dir):
-    """Put the model's file on the node unless an intact copy is already there; return its path."""
+async def ensure_on_node(transport, base_dir, model, cache_dir, reserve_mb=0):
+    """Put the model's file on the node unless an intact copy is already there; return its path.
+
+    reserve_mb: room the node's filesystem must keep free after the copy (weights.reserve).
+    """
     if not model.source:
         return ""
     if not model.sha256:
@@ -56,6 +60,7 @@ async def ensure_on_node(transport, base_dir, model, cache_dir):
         return path
     local = await asyncio.to_thread(local_copy, model.source, cache_dir, model.sha256)
     await transport.check(["mkdir", "-p", posixpath.dirname(path)])
+    await _check_room(transport, path, Path(local).stat().st_size, reserve_mb, model.name)
     await transport.put(str(local), path + ".partial")
     hashed = await transport.check(["sha256sum", path + ".partial"], timeout=LONG_FILE_SECONDS)
     got = hashed.stdout.split()[:1]
@@ -76,3 +81,21 @@ async def check_on_node(transport, model, node_name):
                            f"--on-nodes, so put it at that path on every node it may run on "
                            f"(shared storage or a copy), or add it from a file on the control plane")
     return model.source
+
+
+async def _check_room(transport, path, size, reserve_mb, model_name):
+    """Refuse a copy that would leave the node's filesystem with less than the reserve free.
+
+    A half-copied file on a full disk helps nobody and can take the node's other services down.
+    """
+    directory = posixpath.dirname(path)
+    room = df.parse_df((await transport.check(["df", "-Pk", directory])).stdout.splitlines()[1:])
+    free_mb = room.get("free_mb")
+    need_mb = -(-size // (1024 * 1024)) + reserve_mb
+    if free_mb is not None and free_mb < need_mb:
+        raise InstallError(f"{model_name}'s file ({size / 2**30:.1f} GiB) does not fit on "
+                           f"{room.get('mount') or directory}: {free_mb / 1024:.1f} GiB free, "
+                           f"{need_mb / 1024:.1f} GiB needed with weights.reserve "
+                           f"({reserve_mb / 1024:.1f} GiB kept free); free space there or lower "
+                           f"weights.reserve")
+
