@@ -6,8 +6,8 @@ bind = _conf["server"]["listen"]
 workers = _conf["server"]["workers"]
 worker_class = "gevent"
 worker_connections = 2000
-# Recycle workers now and then, staggered so two never restart together (DESIGN.md:
-# a recycled worker resets a few not-yet-started connections).
+# Recycle workers now and then, staggered so two never restart together (a recycled
+# worker resets a few connections it had accepted but not yet started).
 max_requests = 1000000
 max_requests_jitter = 100000
 # Long generations stream for minutes; gevent workers heartbeat independently of requests.

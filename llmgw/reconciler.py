@@ -98,8 +98,7 @@ class Reconciler:
         except Exception:  # a placement bug must not stop installs, health checks and starts
             log.exception("placing replicas failed this pass")
         for node in Node.select():
-            if node.id in self.reachable:
-                self._spawn(("install", node.id), self._installs(node.id))
+            if node.id in self.reachable:  # its installs were started by its look
                 self._spawn(("replicas", node.id), self._replicas(node.id))
             elif node.id in self.impostors:
                 distrust(node)
@@ -116,8 +115,8 @@ class Reconciler:
             log.exception("looking at %s failed", node.name)
             return
         if node.id in self.reachable:
-            # Installs need no placement: a node whose look outlasted the pass's patience (its
-            # first address dead, say) starts them now rather than a pass later.
+            # Installs need no placement, so every look that reaches its node starts them: one
+            # whose look outlasted the pass's patience (its first address dead, say) too.
             self._spawn(("install", node.id), self._installs(node.id))
 
     async def _look(self, node):

@@ -137,24 +137,30 @@ def test_the_node_s_history_records_installs_and_replicas_coming_and_going(clust
     assert said[-1] == "stopped demo-0: the model has fewer replicas; its requests done"
 
 
-def test_a_stream_on_a_replica_scaled_away_finishes_with_done(local_sim):
-    """model set --replicas shrinks the model while a 5 s stream runs on the replica that goes:
-    it leaves routing at once, and is stopped only when its engine says the stream is done."""
+def stream_from(replica):
+    """Start reading a 50-token stream (5 s at the engine's 0.1 s) straight from one replica's
+    engine in a thread; return the thread and the dict its whole body lands in."""
     import threading
     import requests
-    env = local_sim("0.1")
-    Model.update(replicas=2).where(Model.name == "demo").execute()
-    reconcile(env["conf"], lambda: len(ready()) == 2)
-    leaving = Replica.get(Replica.name == "demo-1")
     got = {}
 
     def stream():
-        with requests.post(leaving.endpoint + "/v1/chat/completions", stream=True, timeout=30,
+        with requests.post(replica.endpoint + "/v1/chat/completions", stream=True, timeout=30,
                            json={"model": "demo", "stream": True, "max_tokens": 50,
                                  "messages": [{"role": "user", "content": "go"}]}) as resp:
             got["body"] = resp.content.decode()
     reader = threading.Thread(target=stream)
     reader.start()
+    return reader, got
+
+
+def test_a_stream_on_a_replica_scaled_away_finishes_with_done(local_sim):
+    """model set --replicas shrinks the model while a 5 s stream runs on the replica that goes:
+    it leaves routing at once, and is stopped only when its engine says the stream is done."""
+    env = local_sim("0.1")
+    Model.update(replicas=2).where(Model.name == "demo").execute()
+    reconcile(env["conf"], lambda: len(ready()) == 2)
+    reader, got = stream_from(Replica.get(Replica.name == "demo-1"))
     Model.update(replicas=1).where(Model.name == "demo").execute()
     reconcile(env["conf"], lambda: not Replica.select().where(Replica.name == "demo-1").exists(),
               timeout=60)
@@ -165,20 +171,9 @@ def test_a_stream_on_a_replica_scaled_away_finishes_with_done(local_sim):
 
 
 def test_a_stream_on_a_replica_restarting_for_new_settings_finishes_with_done(local_sim):
-    import threading
-    import requests
     env = local_sim("0.1")
     reconcile(env["conf"], lambda: len(ready()) == 1)
-    serving = Replica.get()
-    got = {}
-
-    def stream():
-        with requests.post(serving.endpoint + "/v1/chat/completions", stream=True, timeout=30,
-                           json={"model": "demo", "stream": True, "max_tokens": 50,
-                                 "messages": [{"role": "user", "content": "go"}]}) as resp:
-            got["body"] = resp.content.decode()
-    reader = threading.Thread(target=stream)
-    reader.start()
+    reader, got = stream_from(Replica.get())
     Model.update(args=["--token-delay", "0.01"]).where(Model.name == "demo").execute()
     reconcile(env["conf"], lambda: Replica.get().state == "pending", timeout=60)
     reader.join(30)

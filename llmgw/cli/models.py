@@ -201,7 +201,7 @@ def model_plan(name, path, context):
         path, context, gpus = m.source, context or m.context, max(m.gpus, 1)
         if not m.source:
             raise LlmgwError(f"{name} runs the {m.engine} engine, which has no model file to size.")
-        if catalog._local_path(catalog.spec_of(m)) is None:
+        if catalog.local_path(catalog.spec_of(m)) is None:
             raise LlmgwError(f"{name}'s files ({m.source}) are not on this machine, so they cannot "
                              f"be read; give --file with a local copy.")
     meta = model_meta.read_model(path)

@@ -4,7 +4,7 @@ Checked before anything is stored: sizes carry a unit, classes look like classes
 nothing a shell would read. Every message names the value and what would do instead.
 """
 import re
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 
 from .nodespec import LABEL_KEY, LABEL_VALUE
 
@@ -187,5 +187,3 @@ def _table_value(key, value):
         raise SpecError(f"{key} = {value!r} must be a string.")
     return value.strip().lower() if key == "sha256" else value
 
-
-SPEC_FIELDS = [f.name for f in fields(ModelSpec)]

@@ -31,7 +31,7 @@ def effective(rules, defaults):
 
     rules: {scope_kind: LimitRule-like or None}. A limit set on no scope at all takes the
     configured default, applied at the project: without defaults a new project is metered by
-    nothing (the seed's lesson).
+    nothing, and a budget that exists nowhere never binds.
     """
     out = {kind: Limits(rpm=getattr(r, "rpm", None) or 0, tpm=getattr(r, "tpm", None) or 0,
                         budget=getattr(r, "budget", None) or 0.0,

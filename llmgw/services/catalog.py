@@ -83,7 +83,7 @@ def _cards(spec):
 
 def size(spec):
     """Return (estimate dict or None, note) from the model's files on this machine."""
-    local = _local_path(spec)
+    local = local_path(spec)
     if local is None:
         return None, "its files are not on this machine, so it is not sized; give --memory"
     from ..facts import model_meta
@@ -99,7 +99,8 @@ def size(spec):
     return dict(est, **keep), ""
 
 
-def _local_path(spec):
+def local_path(spec):
+    """Return the model's files on this machine, or None (a URL, a path only on the nodes)."""
     if not spec.source or re.match(r"^https?://", spec.source):
         return None
     path = Path(spec.source)

@@ -1,4 +1,4 @@
-"""Install an engine on a node the way the seed learned to: verified, complete, or not at all."""
+"""Install an engine on a node: verified, complete, or not at all."""
 import asyncio
 import datetime
 import json
