@@ -47,6 +47,7 @@ DEFAULTS = {
         "port_range": "18000-18999",
         "gpu_check_interval": 30,
         "stop_grace": 30,
+        "node_lost_after": 120,
     },
     "weights": {
         "reserve": "5G",

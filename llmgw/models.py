@@ -133,7 +133,17 @@ class Node(Base):
     mgmt_interface = pw.TextField(default="")
     use_sudo = pw.BooleanField(default=False)
     discovered = pw.DateTimeField(null=True)
-    state = pw.TextField(default="ready")  # ready, or cordoned: takes no new replicas
+    # What the operator said: ready; cordoned (no new replicas); draining (its replicas start
+    # elsewhere, then leave); drained (a drain is done). Lost is separate: see lost_since.
+    state = pw.TextField(default="ready")
+    drain_timeout = pw.IntegerField(default=0)  # seconds a draining replica's requests are given
+    # Set when neither SSH nor any of its engines answered for reconciler.node_lost_after: its
+    # replicas are placed elsewhere, and it takes no new ones until its stale engines are stopped.
+    lost_since = pw.DateTimeField(null=True)
+
+    @property
+    def shown_state(self):
+        return "lost" if self.lost_since else self.state
 
 
 class NodeEvent(Base):
@@ -182,12 +192,16 @@ class Model(Base):
 
 
 class Replica(Base):
-    name = pw.TextField(unique=True)  # the unit is llmgw-<name>
+    name = pw.TextField(unique=True)  # the unit is llmgw-<name>: the slot, then -gN past generation 0
+    slot = pw.TextField(default="")  # its place in the model's count (qwen-0), which placement fills
+    generation = pw.IntegerField(default=0)  # a new one each time the slot starts on another node
     model = pw.ForeignKeyField(Model, backref="replica_rows", on_delete="CASCADE")
     node = pw.ForeignKeyField(Node, backref="replicas", on_delete="CASCADE")
     port = pw.IntegerField()
     supervisor = pw.TextField(default="")  # "systemd" or "setsid"
-    state = pw.TextField(default="pending")  # pending fetching starting ready failed stopped
+    # pending fetching starting ready unhealthy failed moving restarting; leaving: draining
+    # (serving until its replacement does), stopping, lost (its node was lost; stopped on return)
+    state = pw.TextField(default="pending")
     detail = pw.TextField(default="")
     endpoint = pw.TextField(default="")
     updated = pw.DateTimeField(default=utcnow)

@@ -134,7 +134,7 @@ def test_the_node_s_history_records_installs_and_replicas_coming_and_going(clust
     assert said[0].startswith("sim builtin installing: ") and said[1].startswith("sim builtin ready: ")
     assert any(t.startswith("demo-0 starting: started as llmgw-demo-0 under setsid") for t in said)
     assert any(t.startswith("demo-0 ready: serving on http://127.0.0.1:") for t in said)
-    assert said[-1] == "stopped demo-0: the model has fewer replicas; its requests done"
+    assert said[-1] == "stopped demo-0 (the model has fewer replicas); its requests done"
 
 
 def stream_from(replica):

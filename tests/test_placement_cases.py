@@ -30,7 +30,7 @@ def node_facts(spec):
     installs = {e: (s, "") if isinstance(s, str) else tuple(s)
                 for e, s in spec.get("installs", {"llamacpp": "ready"}).items()}
     return {"name": spec["name"], "reachable": spec.get("reachable", True), "installs": installs,
-            "state": spec.get("state", "ready"),
+            "state": spec.get("state", "ready"), "lost": spec.get("lost", False),
             "labels": spec.get("labels", {}), "memory_mb": spec.get("memory_mb", 1048576),
             "gpus": gpus}
 
@@ -49,7 +49,8 @@ def claims_in(case, facts):
     for c in case.get("claims", []):
         out.append({"replica": c["replica"], "model": c["model"], "node": c["node"],
                     "gpus": [uuids[(c["node"], i)] for i in c.get("indexes", [])],
-                    "gpu_memory_mb": c.get("gpu_memory_mb", 0), "memory_mb": c.get("memory_mb", 0)})
+                    "gpu_memory_mb": c.get("gpu_memory_mb", 0), "memory_mb": c.get("memory_mb", 0),
+                    "leaving": c.get("leaving", False)})
     return out
 
 
@@ -64,7 +65,7 @@ def outcome(case):
     got = {"claims": {r: {"node": c["node"], "indexes": c["indexes"]}
                       | ({"gpu_memory_mb": c["gpu_memory_mb"]} if c["gpu_memory_mb"] else {})
                       for r, c in sorted(result.claims.items())},
-           "moved": result.moved,
+           "moved": result.moved, "replaced": result.replaced,
            "summary": {m: v["summary"] for m, v in result.verdicts.items()},
            "lines": {n.model: {line["node"]: line["reason"] for line in placement.node_lines(result, n)}
                      for n in needs}}
@@ -107,5 +108,5 @@ def test_placement_is_deterministic_and_stable(path):
 def test_there_are_cases_for_every_kind_of_decision():
     names = {p.stem for p in (CASES / "placement").glob("*.json")}
     for word in ("class", "count", "card-memory", "unhealthy", "label", "ram", "share", "spread",
-                 "stable", "moves", "installing", "balance", "cordon"):
+                 "stable", "moves", "installing", "balance", "cordon", "drain", "lost"):
         assert any(word in n for n in names), f"no placement case about {word}"

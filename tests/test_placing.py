@@ -11,21 +11,26 @@ def place_now():
         placing.plan(nodes, models, replicas, installs))
 
 
-def test_a_task_holding_an_old_row_cannot_undo_a_move(fleet, cli, tiny):
+def test_a_replica_leaving_its_node_gets_a_new_generation_and_a_stale_task_cannot_undo_it(
+        fleet, cli, tiny):
     cli("model", "add", "g", "--file", tiny, "--gpus", "1", "--gpu-class", "l4-24g")
     place_now()
     stale = Replica.get(Replica.name == "g-0")  # what a slow start task still holds
     assert stale.node.name == "gpu-b"
     cli("model", "set", "g", "--gpu-class", "h100-80g")
     place_now()
-    moved = Replica.get(Replica.name == "g-0")
-    assert (moved.node.name, moved.state, moved.gpu_indexes) == ("gpu-a", "moving", [0])
+    rows = {r.name: (r.slot, r.generation, r.node.name, r.state, r.gpu_indexes)
+            for r in Replica.select()}
+    # The old engine finishes its requests while the new one starts: two unit names.
+    assert rows == {"g-0": ("g-0", 0, "gpu-b", "stopping", [0]),
+                    "g-0-g1": ("g-0", 1, "gpu-a", "pending", [0])}
     assert _set(stale, "starting", "started as llmgw-g-0") is False
-    again = Replica.get(Replica.name == "g-0")
-    assert (again.node.name, again.state, again.gpu_indexes) == ("gpu-a", "moving", [0])
+    assert Replica.get(Replica.name == "g-0").state == "stopping"
+    place_now()  # stable: nothing more is created, the leaving row's grace is not reset
+    assert {r.name: r.state for r in Replica.select()} == {"g-0": "stopping", "g-0-g1": "pending"}
     said = [e.text for e in NodeEvent.select()]
-    assert said == ["stopped g-0: GPU 0 (GPU-5e7b0c90-2d4f-4a1e-8c3b-6f9d0a1b2c00) is l4-24g; the "
-                    "model now needs h100-80g; placed again on gpu-a on GPU 0"]
+    assert said == ["g-0 leaves: GPU 0 (GPU-5e7b0c90-2d4f-4a1e-8c3b-6f9d0a1b2c00) is l4-24g; the "
+                    "model now needs h100-80g; g-0-g1 placed on gpu-a on GPU 0"]
 
 
 def test_a_grown_share_is_written_so_the_engine_restarts_with_it(fleet, cli, tiny):

@@ -6,6 +6,7 @@ import click
 from ..errors import LlmgwError
 from ..models import Endpoint, Node, NodeEvent, Replica
 from ..plans.launch import supervisor_for
+from ..plans.nodespec import parse_duration
 from ..services import logs as logsvc
 from ..services import cards, endpoints, install, nodes
 from . import conf, echo_json, llmgw, root_option, run_async
@@ -136,8 +137,22 @@ def cordon(name):
 @click.argument("name")
 @root_option
 def uncordon(name):
-    """Let new replicas be placed on a cordoned node again."""
+    """Let new replicas be placed on a cordoned, draining or drained node again."""
     click.echo(nodes.cordon(_node(name), False))
+
+
+@llmgw.command("drain")
+@click.argument("name")
+@click.option("--timeout", default="10m", show_default=True,
+              help="How long each replica's requests are given once its replacement serves.")
+@root_option
+def drain(name, timeout):
+    """Move a node's replicas to other nodes without failing a request, then stop them there."""
+    try:
+        seconds = parse_duration(timeout, "--timeout")
+    except ValueError as e:
+        raise LlmgwError(str(e)) from None
+    click.echo(nodes.drain(_node(name), seconds))
 
 
 @llmgw.command("nodes")
@@ -148,7 +163,7 @@ def list_nodes(as_json):
     out = []
     for n in Node.select().order_by(Node.name):
         out.append({"name": n.name, "addr": n.addr, "port": n.port, "reachable": n.reachable,
-                    "state": n.state,
+                    "state": n.shown_state, "lost_since": n.lost_since.isoformat() if n.lost_since else None,
                     "labels": n.labels or {}, "fabric": n.fabric, "user": n.ssh_user,
                     "last_error": n.last_error, "host_key": n.host_key_fp,
                     "supervisor": supervisor_for(n.facts or {}),

@@ -70,7 +70,10 @@ class NodeState:
     def __init__(self, facts):
         self.name = facts["name"]
         self.reachable = bool(facts.get("reachable"))
-        self.cordoned = facts.get("state", "ready") == "cordoned"
+        self.admin_state = facts.get("state", "ready")
+        self.cordoned = self.admin_state in ("cordoned", "draining", "drained")
+        self.draining = self.admin_state == "draining"
+        self.lost = bool(facts.get("lost"))
         self.installs = facts.get("installs", {})
         self.labels = facts.get("labels") or {}
         self.memory_mb = int(facts.get("memory_mb") or 0)
@@ -88,8 +91,13 @@ class NodeState:
     # --- the parts of a verdict that do not change during a pass ---------------------------
     def static_refusal(self, need):
         """Return why this node can never take the need this pass, or '' (coming: see engine)."""
+        if self.lost:
+            return ("lost: neither SSH nor its engines answer; it takes replicas again once it is "
+                    "back and its stale engines are stopped")
         if self.cordoned:
-            return f"cordoned: it takes no new replicas (`flask llmgw uncordon {self.name}`)"
+            doing = {"cordoned": "cordoned", "draining": "being drained",
+                     "drained": "drained"}[self.admin_state]
+            return f"{doing}: it takes no new replicas (`flask llmgw uncordon {self.name}`)"
         if not self.reachable:
             return "unreachable"
         missing = [f"{k}={v}" for k, v in need.requires if self.labels.get(k) != v]
@@ -119,7 +127,8 @@ class NodeState:
     def coming(self, need):
         """Return whether the node would do but for its engine still being installed."""
         # The engine first: it rules out nearly every node, and it is the cheapest test.
-        if self.engine_state(need.engine)[0] not in COMING or not self.reachable or self.cordoned:
+        if self.engine_state(need.engine)[0] not in COMING or not self.reachable or self.cordoned \
+                or self.lost:
             return False
         if any(self.labels.get(k) != v for k, v in need.requires):
             return False

@@ -72,3 +72,18 @@ def check_iface(name):
     if name and not IFACE.match(name):
         raise SpecError(f"--mgmt-iface {name!r} is not an interface name (e.g. eth0, enp3s0f1).")
     return name or ""
+
+
+DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h)?$", re.IGNORECASE)
+DURATION_SECONDS = {"s": 1, "m": 60, "h": 3600}
+
+
+def parse_duration(text, flag):
+    """Return whole seconds from '90s', '10m', '1.5h' or a bare number of seconds."""
+    m = DURATION.match(str(text).strip())
+    if not m:
+        raise ValueError(f"{flag} {text!r} is not a duration; write e.g. 90s, 10m or 1h.")
+    seconds = int(float(m.group(1)) * DURATION_SECONDS[(m.group(2) or "s").lower()])
+    if seconds < 1:
+        raise ValueError(f"{flag} {text!r} is under a second; give at least 1s.")
+    return seconds

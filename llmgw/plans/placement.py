@@ -32,6 +32,8 @@ def replica_names(model_name, count):
 class Result:
     claims: dict = field(default_factory=dict)  # replica -> claim (node, gpus, indexes, …)
     moved: dict = field(default_factory=dict)  # replica -> why its old claim no longer holds
+    # replica -> why it is placed anew while its old claim keeps serving (its node is draining)
+    replaced: dict = field(default_factory=dict)
     verdicts: dict = field(default_factory=dict)  # model -> {summary, placed, wanted, nodes}
     states: dict = field(default_factory=dict)  # node -> NodeState after the pass
     # Which nodes pass the filters that do not change during a pass, per kind of need: a
@@ -43,7 +45,9 @@ def place(nodes, needs, claims):
     """Return the Result of placing every model's replicas on the fleet.
 
     nodes: [{name, reachable, installs: {engine: (state, detail)}, labels, memory_mb, gpus}]
-    needs: [Need]; claims: [{replica, model, node, gpus, gpu_memory_mb, memory_mb}].
+    needs: [Need]; claims: [{replica, model, node, gpus, gpu_memory_mb, memory_mb, leaving}].
+    A claim's replica is its slot (model-0, model-1, …); one marked leaving belongs to an engine
+    that is being stopped or replaced: its cards stay taken but it fills no slot.
     """
     result = Result(states={n["name"]: NodeState(n) for n in nodes})
     by_model = {n.model: n for n in needs}
@@ -57,16 +61,26 @@ def place(nodes, needs, claims):
 
 def _keep(result, by_model, claims):
     """Re-take the recorded claims that still hold, first, so new replicas work around them."""
-    for claim in sorted(claims, key=lambda c: c["replica"]):
+    for claim in sorted(claims, key=lambda c: (c["replica"], bool(c.get("leaving")))):
         need = by_model.get(claim["model"])
         if need is None:
             continue
         state = result.states.get(claim["node"])
-        if claim["replica"] not in replica_names(need.model, need.replicas):
-            # A surplus replica being stopped: it finishes its requests on its cards, which
-            # no other replica may take until it is gone.
+        slot = claim["replica"]
+        if claim.get("leaving") or slot in result.claims \
+                or slot not in replica_names(need.model, need.replicas):
+            # Surplus, replaced or a second claim on one slot: it finishes its requests on its
+            # cards, which no other replica may take until it is gone.
             if state is not None:
                 state.hold(claim)
+            continue
+        if state is not None and state.lost:
+            result.moved[slot] = f"its node {state.name} is lost"
+            continue
+        if state is not None and state.draining:
+            # It serves on until its replacement elsewhere does, so its cards stay taken.
+            state.hold(claim)
+            result.replaced[slot] = f"{state.name} is being drained"
             continue
         cards, why = (None, "its node is gone") if state is None else state.keep(need, claim)
         if why:

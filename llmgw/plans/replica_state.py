@@ -1,6 +1,10 @@
 """What to do next with one replica, from what was seen of it. Pure."""
 
 RETRY_FIRST, RETRY_MAX = 30, 600
+# Rows whose engine is on its way out: they fill no slot of their model.
+LEAVING = ("draining", "stopping", "lost")
+# Rows the gateway sends requests to: a draining one serves until its replacement does.
+ROUTED = ("ready", "draining")
 
 
 def retry_delay(failures):

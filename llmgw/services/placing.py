@@ -4,6 +4,7 @@ import logging
 from ..models import EngineInstall, Model, Node, NodeEvent, Replica, utcnow
 from ..plans import placement
 from ..plans.fleet import MIB, Need
+from ..plans.replica_state import LEAVING
 
 log = logging.getLogger("llmgw.placing")
 
@@ -26,15 +27,34 @@ def facts_of(node, installs):
     """Return what the planner knows of a node."""
     f = node.facts or {}
     return {"name": node.name, "reachable": node.reachable, "state": node.state,
+            "lost": node.lost_since is not None,
             "installs": {i.engine: (i.state, i.detail, i.variant) for i in installs},
             "labels": node.labels or {}, "memory_mb": (f.get("memory") or {}).get("total_mb", 0),
             "gpus": f.get("gpus", [])}
 
 
-def claim_of(replica, model_name, node_name):
-    return {"replica": replica.name, "model": model_name, "node": node_name,
+def claim_of(replica, model_name, node_name, leaving=None):
+    if leaving is None:
+        leaving = replica.state in LEAVING
+    return {"replica": replica.slot or replica.name, "model": model_name, "node": node_name,
             "gpus": list(replica.gpu_uuids or []), "gpu_memory_mb": replica.gpu_memory_mb,
-            "memory_mb": replica.memory_mb}
+            "memory_mb": replica.memory_mb, "leaving": leaving}
+
+
+def current_rows(replicas):
+    """Return {slot: the row that fills it}: the one not leaving, else one that may come back.
+
+    A row scaled away (stopping) whose slot is wanted again, or one draining on a node whose
+    drain was called off, is taken back rather than a new engine started beside it.
+    """
+    current, back = {}, {}
+    for r in replicas:
+        slot = r.slot or r.name
+        if r.state not in LEAVING:
+            current[slot] = r
+        elif r.state != "lost" and r.node.lost_since is None and r.node.state != "draining":
+            back.setdefault(slot, r)
+    return {**back, **current}
 
 
 def snapshot():
@@ -51,7 +71,9 @@ def snapshot():
 def plan(nodes, models, replicas, installs):
     """Run the planner over one snapshot (no database access); return its Result."""
     facts = [facts_of(n, installs.get(n.id, [])) for n in nodes]
-    claims = [claim_of(r, r.model.name, r.node.name) for r in replicas]
+    current = {r.id for r in current_rows(replicas).values()}
+    claims = [claim_of(r, r.model.name, r.node.name, leaving=r.id not in current)
+              for r in replicas if r.state != "lost"]
     return placement.place(facts, [need_of(m) for m in models], claims)
 
 
@@ -71,12 +93,25 @@ def explain(model, run=None):
 
 
 class Applier:
-    """Writes one pass's Result: new rows, moved claims, surplus rows gone, verdicts kept."""
+    """Writes one pass's Result: new rows, moved claims, leaving rows marked, verdicts kept.
+
+    An engine that must leave its node (drained, lost, or no longer allowed there) is never
+    moved in place: its slot gets a row of a new generation where it was placed, so the two
+    engines have different unit names, and the old row leaves on its own (serving on until the
+    new one is ready when draining, finishing its requests when stopping, and stopped when its
+    node is back when lost).
+    """
 
     def __init__(self, nodes, models, replicas, port_range):
         self.nodes = {n.name: n for n in nodes}
         self.models = models
-        self.rows = {r.name: r for r in replicas}
+        self.replicas = replicas
+        self.current = current_rows(replicas)
+        self.draining = {r.slot or r.name: r for r in replicas if r.state == "draining"}
+        self.generations = {}
+        for r in replicas:
+            slot = r.slot or r.name
+            self.generations[slot] = max(self.generations.get(slot, -1), r.generation)
         self.port_range = port_range
         self.ports = {}
         for r in replicas:
@@ -91,64 +126,107 @@ class Applier:
 
     def _model(self, model, result):
         names = placement.replica_names(model.name, model.replicas)
-        for name in names:
-            claim = result.claims.get(name)
-            row = self.rows.get(name)
-            if name in result.moved and row is not None:
-                self._moved(row, claim, result.moved[name])
+        for slot in names:
+            claim = result.claims.get(slot)
+            row = self.current.get(slot)
+            if row is not None and row.model_id != model.id:
+                row = None  # a removed model's row, gone with it
+            if slot in result.moved and row is not None:
+                self._moved(model, slot, row, claim, result.moved[slot])
+            elif slot in result.replaced and row is not None:
+                self._replaced(model, slot, row, claim, result.replaced[slot], result)
             elif claim is not None:
-                self._claimed(model, name, row, claim)
-        for row in [r for r in self.rows.values() if r.model_id == model.id and r.name not in names]:
-            if row.state != "stopping":
-                # Out of routing now (only ready replicas are routed to); its replicas task
-                # stops it once it is idle or its grace is over, then forgets it.
-                Replica.update(state="stopping", updated=utcnow(),
-                               detail="leaving: the model has fewer replicas; stopped once its "
-                                      "requests are done") \
-                    .where(Replica.id == row.id).execute()
+                self._claimed(model, slot, row, claim)
+        for row in [r for r in self.replicas if r.model_id == model.id
+                    and (r.slot or r.name) not in names and r.state not in LEAVING]:
+            # Out of routing now (only ready replicas are routed to); its replicas task
+            # stops it once it is idle or its grace is over, then forgets it.
+            _leave(row, "stopping", "leaving: the model has fewer replicas; stopped once its "
+                                    "requests are done")
         verdict = result.verdicts.get(model.name)
         if verdict is not None and verdict != model.verdict:
             if verdict["placed"] < verdict["wanted"]:
                 log.warning("model %s: %s", model.name, verdict["summary"])
             Model.update(verdict=verdict).where(Model.id == model.id).execute()
 
-    def _claimed(self, model, name, row, claim):
-        if row is not None and row.state == "stopping":
+    def _claimed(self, model, slot, row, claim):
+        if row is not None and row.state in LEAVING:
             # Wanted again before it was gone: its engine still runs and is taken back.
-            Replica.update(state="pending", detail="wanted again before it stopped",
+            back = "ready" if row.state == "draining" else "pending"
+            Replica.update(state=back, detail="wanted again before it stopped",
                            updated=utcnow()).where(Replica.id == row.id).execute()
             return
         if row is None:
-            node = self.nodes[claim["node"]]
-            Replica.create(name=name, model=model, node=node, port=self._port(node),
-                           detail=f"placed on {node.name}" + _cards(claim), **_fields(claim))
-        else:
-            # A kept claim whose share or RAM changed: written, so the start digest changes
-            # and the engine is restarted with its new memory fraction.
-            changed = {k: v for k, v in _fields(claim).items() if getattr(row, k) != v}
-            if changed:
-                Replica.update(**changed).where(Replica.id == row.id).execute()
-
-    def _moved(self, row, claim, why):
-        old = row.node
-        if claim is None:
-            NodeEvent.create(node=old, text=f"stopped {row.name}: {why}; no other place for it yet")
-            row.delete_instance()  # its unit is an orphan now; the model's verdict says why it waits
+            old = self.draining.get(slot)
+            if old is not None and old.model_id == model.id:
+                # Its drain found no place for it earlier; one has turned up now.
+                self._replace(model, slot, old, claim, f"{old.node.name} is being drained")
+                return
+            self._new(model, slot, claim, f"placed on {claim['node']}" + _cards(claim))
             return
+        # A kept claim whose share or RAM changed: written, so the start digest changes and
+        # the engine is restarted with its new memory fraction.
+        changed = {k: v for k, v in _fields(claim).items() if getattr(row, k) != v}
+        if changed:
+            Replica.update(**changed).where(Replica.id == row.id).execute()
+
+    def _moved(self, model, slot, row, claim, why):
+        old = row.node
+        if claim is not None and claim["node"] == old.name:
+            # Other cards on the same node: stopped now and started on them, same unit name.
+            NodeEvent.create(node=old, text=f"stopped {row.name}: {why}; placed again{_cards(claim)}")
+            Replica.update(state="moving", detail=f"moving: {why}", failures=0, **_fields(claim)) \
+                .where(Replica.id == row.id).execute()
+            return
+        if row.state in LEAVING:
+            pass  # leaving already (its grace counts from then), and taken back for nothing
+        elif old.lost_since is not None:
+            _leave(row, "lost", f"{why}: its engine, if it still runs, is stopped when the node is "
+                                f"back")
+        else:
+            _leave(row, "stopping", f"leaving: {why}; stopped once its requests are done")
+        if claim is None:
+            if row.state not in LEAVING:
+                NodeEvent.create(node=old, text=f"{row.name} leaves: {why}; no other place for it yet")
+            return
+        new = self._new(model, slot, claim, f"placed on {claim['node']}{_cards(claim)}: {why}")
+        NodeEvent.create(node=old, text=f"{row.name} leaves: {why}; {new.name} placed on "
+                                        f"{claim['node']}{_cards(claim)}")
+
+    def _replaced(self, model, slot, row, claim, why, result):
+        if claim is not None:
+            self._replace(model, slot, row, claim, why)
+            return
+        verdict = (result.verdicts.get(model.name) or {}).get("summary", "")
+        _leave(row, "draining", f"draining: {why}, but no other node can run it yet; serving until "
+                                f"one can ({verdict})")
+        NodeEvent.create(node=row.node, text=f"{row.name} draining: no other node can run it yet; "
+                                             f"it serves here until one can")
+
+    def _replace(self, model, slot, row, claim, why):
+        new = self._new(model, slot, claim, f"placed on {claim['node']}{_cards(claim)}: "
+                                            f"replaces {row.name} ({why})")
+        _leave(row, "draining", f"draining: {why}; serving until {new.name} on {claim['node']} is ready")
+        NodeEvent.create(node=row.node, text=f"{row.name} draining: {new.name} starts on "
+                                             f"{claim['node']} to replace it")
+
+    def _new(self, model, slot, claim, detail):
         node = self.nodes[claim["node"]]
-        where = ("" if node.name == old.name else f" on {node.name}") + _cards(claim)
-        NodeEvent.create(node=old, text=f"stopped {row.name}: {why}; placed again{where}")
-        fields = _fields(claim)
-        if node.name != old.name:
-            fields.update(node=node, port=self._port(node))
-        Replica.update(state="moving", detail=f"moving: {why}", failures=0, **fields) \
-            .where(Replica.id == row.id).execute()
+        gen = self.generations.get(slot, -1) + 1
+        self.generations[slot] = gen
+        return Replica.create(name=slot if gen == 0 else f"{slot}-g{gen}", slot=slot, generation=gen,
+                              model=model, node=node, port=self._port(node), detail=detail,
+                              **_fields(claim))
 
     def _port(self, node):
         used = self.ports.setdefault(node.id, set())
         port = placement.free_port(used, self.port_range)
         used.add(port)
         return port
+
+
+def _leave(row, state, detail):
+    Replica.update(state=state, detail=detail, updated=utcnow()).where(Replica.id == row.id).execute()
 
 
 def _fields(claim):

@@ -10,10 +10,10 @@ import requests
 
 from ..errors import LlmgwError, NodeError
 from ..facts import metrics, ports
-from ..models import EngineInstall, NodeEvent, Replica, utcnow
+from ..models import EngineInstall, Node, NodeEvent, Replica, utcnow
 from ..plans import launch
 from ..plans.placement import free_port
-from ..plans.replica_state import next_step, retry_delay
+from ..plans.replica_state import LEAVING, next_step, retry_delay
 from . import logs, weights
 
 log = logging.getLogger("llmgw.replicas")
@@ -65,15 +65,21 @@ async def running_units(transport, supervisor, base_dir):
 
 
 async def check_over_http(rows):
-    """Health-check replicas of a node SSH cannot reach: engines may well still serve."""
+    """Health-check replicas of a node SSH cannot reach: engines may well still serve.
+
+    Returns whether any engine there answered: a node whose engines answer is not lost.
+    """
+    answered = False
     for r in rows:
-        if r.state in ("ready", "unhealthy") and r.endpoint:
+        if r.state in ("ready", "unhealthy", "draining") and r.endpoint:
             ok = await asyncio.to_thread(healthy, r.endpoint)
+            answered = answered or ok
             if ok and r.state == "unhealthy":
                 _set(r, "ready", f"serving on {r.endpoint} (its node is unreachable over SSH)")
             elif not ok and r.state == "ready":
                 _set(r, "unhealthy", f"{r.endpoint}/health stopped answering, and its node is "
                                      f"unreachable over SSH")
+    return answered
 
 
 _model_locks = {}
@@ -114,10 +120,14 @@ LOGGED_STATES = ("starting", "ready", "unhealthy", "failed")
 
 
 def _still_there(replica):
-    return ((Replica.id == replica.id) & (Replica.node == replica.node_id)
-            # A list compared with == would be read as IN (…): one JSON value it is.
-            & (Replica.gpu_uuids == pw.Value(list(replica.gpu_uuids or []), unpack=False))
-            & (Replica.gpu_memory_mb == replica.gpu_memory_mb))
+    where = ((Replica.id == replica.id) & (Replica.node == replica.node_id)
+             # A list compared with == would be read as IN (…): one JSON value it is.
+             & (Replica.gpu_uuids == pw.Value(list(replica.gpu_uuids or []), unpack=False))
+             & (Replica.gpu_memory_mb == replica.gpu_memory_mb))
+    if replica.state not in LEAVING:
+        # Told to leave since this task read it: its start must not bring it back.
+        where &= Replica.state.not_in(LEAVING)
+    return where
 
 
 def _age(replica):
@@ -162,7 +172,29 @@ class NodeReplicas:
                 log.exception("replica %s", replica.name)
             _set(replica, "failed", str(e) or type(e).__name__, failures=replica.failures + 1)
 
+    async def back(self, units):
+        """Stop every engine a node still runs after it was lost, and forget its rows.
+
+        Its replicas were placed elsewhere meanwhile (the rows left here are 'lost'), so an
+        engine found here is a stale copy: stopped before the node takes any new replica, never
+        adopted, whatever its name.
+        """
+        for name, state in sorted(units.items()):
+            await self.t.check(launch.stop_argv(self.supervisor, f"llmgw-{name}", self.node.base_dir),
+                               what=f"stopping the stale llmgw-{name}")
+        gone = Replica.delete().where(Replica.node == self.node).execute()
+        since = self.node.lost_since
+        Node.update(lost_since=None).where(Node.id == self.node.id).execute()
+        self.node.lost_since = None
+        stale = ", ".join(f"llmgw-{n}" for n in sorted(units)) or "none"
+        NodeEvent.create(node=self.node, text=(
+            f"back after being lost since {since:%Y-%m-%d %H:%M:%S} UTC; stale engines stopped: "
+            f"{stale}; {gone} replica row(s) it held were forgotten; it takes new replicas again"))
+
     async def _step(self, replica, is_running):
+        if replica.state == "draining":
+            await self._drain_step(replica, is_running)
+            return
         if replica.state in ("stopping", "restarting"):
             await self._stop_when_done(replica, is_running)
             return
@@ -203,6 +235,19 @@ class NodeReplicas:
         elif action == "start":
             await self.start(replica)
 
+    async def _drain_step(self, replica, is_running):
+        """Serve on until the slot's replacement is ready, then leave like any stopping replica."""
+        successor = (Replica.select(Replica, Node).join(Node)
+                     .where((Replica.slot == replica.slot) & (Replica.id != replica.id)
+                            & (Replica.state == "ready")).first())
+        if successor is not None:
+            _set(replica, "stopping", f"leaving: {successor.name} on {successor.node.name} serves in "
+                                      f"its place; stopped once its requests are done")
+            return
+        if not is_running or not await asyncio.to_thread(healthy, replica.endpoint):
+            # Out of routing at once; it is not restarted here, its replacement is coming.
+            _set(replica, "stopping", "leaving: its engine stopped serving while it was draining")
+
     async def _stop_when_done(self, replica, is_running):
         """Stop a leaving replica once its engine says it is idle, or its grace is over.
 
@@ -220,12 +265,14 @@ class NodeReplicas:
             return
         gone = Replica.delete().where(_still_there(replica) & (Replica.state == "stopping")).execute()
         if gone:
-            NodeEvent.create(node=self.node, text=f"stopped {replica.name}: the model has fewer "
-                                                  f"replicas; {why}")
+            reason = replica.detail.removeprefix("leaving: ").split("; stopped once")[0]
+            NodeEvent.create(node=self.node, text=f"stopped {replica.name} ({reason}); {why}")
 
     async def _until_done(self, replica, is_running):
         """Stop the engine once it is idle or out of grace; return why, or None to wait on."""
         grace = self.conf["reconciler"]["stop_grace"]
+        if self.node.state == "draining" and self.node.drain_timeout:
+            grace = self.node.drain_timeout  # what the operator gave the drain
         settle = self.conf["gateway"]["route_cache_seconds"] + 1
         if not is_running:
             return "it was not running"

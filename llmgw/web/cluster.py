@@ -1,10 +1,11 @@
 """The cluster page, a node's page, and its live log pane."""
-from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
+from flask import Blueprint, abort, current_app, flash, redirect, render_template, request, url_for
 from flask_login import current_user
 
 from ..models import EngineInstall, LogRequest, Model, Node, NodeEvent, Replica, utcnow
 from ..services import cards, nodes
 from ..plans.launch import supervisor_for
+from ..plans.nodespec import parse_duration
 from . import admin_required, is_htmx
 
 bp = Blueprint("cluster", __name__)
@@ -68,7 +69,8 @@ def node_page(name):
     events = list(node.events.order_by(NodeEvent.id.desc()).limit(50))
     return render_template("node.html", node=node, replicas=reps, source=source, req=req, events=events,
                            installs=list(node.installs), supervisor=supervisor_for(node.facts or {}),
-                           gpus=cards.node_cards(node))
+                           gpus=cards.node_cards(node),
+                           lost_after=current_app.config["LLMGW"]["reconciler"]["node_lost_after"])
 
 
 @bp.post("/nodes/<name>/cordon")
@@ -82,6 +84,20 @@ def cordon(name):
 @admin_required
 def uncordon(name):
     flash(nodes.cordon(_node(name), False, current_user.email))
+    return redirect(url_for("cluster.node_page", name=name))
+
+
+@bp.post("/nodes/<name>/drain")
+@admin_required
+def drain(name):
+    node = _node(name)
+    raw = request.form.get("timeout", "10m")
+    try:
+        seconds = parse_duration(raw, "timeout")
+    except ValueError as e:
+        flash(f"{node.name} was not drained: {e}")
+    else:
+        flash(nodes.drain(node, seconds, current_user.email))
     return redirect(url_for("cluster.node_page", name=name))
 
 

@@ -11,6 +11,7 @@ from flask import current_app
 from .. import secrets_box
 from ..models import Endpoint, Model, Node, Replica
 from ..plans import routing
+from ..plans.replica_state import ROUTED
 from .upstream_http import Upstreams
 
 
@@ -44,7 +45,7 @@ class Routes:
             query = (Replica.select(Replica, Model, Node).join(Model).switch(Replica).join(Node))
             for r in query:
                 entry = models.setdefault(r.model.name, {"ready": [], "why": [], "fallbacks": []})
-                if r.state == "ready" and r.endpoint:
+                if r.state in ROUTED and r.endpoint:
                     entry["ready"].append(r.endpoint + "/v1")
                     load[r.endpoint + "/v1"] = r.load or 0
                 else:
