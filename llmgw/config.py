@@ -72,6 +72,7 @@ DEFAULTS = {
         "read_timeout": 600,
         "generation_timeout": 1800,
         "route_cache_seconds": 2,
+        "engine_liveness": 10,
     },
 }
 

@@ -17,7 +17,7 @@ from . import leader
 from .errors import HostKeyMismatch, LlmgwError
 from .executors.release import ReleaseCache
 from .models import EngineInstall, LogRequest, Model, Node, Replica, database, utcnow
-from .services import catalog, endpoints, logs, nodes, placing
+from .services import catalog, endpoints, lifecycle, logs, nodes, placing
 from .services.install import Installer, converge_probed
 from .services.replicas import NodeReplicas, check_over_http, units_on
 from .plans.launch import supervisor_for
@@ -41,10 +41,7 @@ class Reconciler:
         self.impostors = set()  # nodes whose address answered with another host key
         self.tasks = {}
         self.gpus_checked = {}  # node id -> when nvidia-smi was last asked
-        # node id -> when SSH, or one of its engines over HTTP, last answered (lost detection);
-        # never earlier than this process's start, which has not watched before then.
-        self.alive = {}
-        self.started = utcnow()
+        self.lost = lifecycle.LostWatch(conf["reconciler"]["node_lost_after"])
         e = conf["engines"]
         self.releases = ReleaseCache(e["cache"], e["github_api"], e["github_download"])
 
@@ -98,46 +95,24 @@ class Reconciler:
             await asyncio.wait(looks, timeout=LOOK_PATIENCE_SECONDS)
         self._spawn(("endpoints",), endpoints.check_all(self.conf["_root"]))
         for node in nodes_now:
-            self._watch_lost(node)
+            self.lost.watch(node, node.id in self.reachable, node.id in self.impostors)
         try:
             self.place()
         except Exception:  # a placement bug must not stop installs, health checks and starts
             log.exception("placing replicas failed this pass")
         for node in Node.select():
             if node.state == "draining":
-                drained(node)
+                lifecycle.drained(node)
             if node.id in self.reachable:  # its installs were started by its look
                 self._spawn(("replicas", node.id), self._replicas(node.id))
             elif node.id in self.impostors:
-                distrust(node)
+                lifecycle.distrust(node)
             else:
                 self._spawn(("http-health", node.id), self._http_health(node))
 
     async def _http_health(self, node):
         if await check_over_http(list(node.replicas)):
-            self.alive[node.id] = utcnow()
-
-    def _watch_lost(self, node):
-        """Declare a node lost once neither SSH nor its engines answered for node_lost_after.
-
-        Its replicas are then placed elsewhere. One SSH cannot reach whose engines still answer
-        keeps them: requests still reach those engines, and nothing says they are gone.
-        """
-        if node.id in self.reachable:
-            self.alive[node.id] = utcnow()
-            return
-        if node.lost_since is not None or node.last_seen is None or node.id in self.impostors:
-            return
-        last = max(self.alive.get(node.id, node.last_seen), node.last_seen, self.started)
-        after = self.conf["reconciler"]["node_lost_after"]
-        if (utcnow() - last).total_seconds() < after:
-            return
-        node.lost_since = utcnow()
-        if Node.update(lost_since=node.lost_since).where(
-                (Node.id == node.id) & Node.lost_since.is_null()).execute():
-            nodes.log_event(node, f"lost: neither SSH nor its engines answered for {after} s (last: "
-                                  f"{node.last_error or 'no answer'}); its replicas are placed "
-                                  f"elsewhere, and its engines are stopped when it is back")
+            self.lost.answered(node.id)
 
     async def _look_bounded(self, node):
         """Look at one node within a bound: a node busy with long copies waits for the next pass."""
@@ -300,29 +275,6 @@ class Reconciler:
             except Exception:
                 log.exception("answering log requests failed")
             await asyncio.sleep(LOG_POLL_SECONDS)
-
-
-def distrust(node):
-    """Take a node's replicas out of routing while its address offers another host key.
-
-    The machine answering there may not be ours: user prompts must not go to it, however
-    well its engines answer /health, until an operator re-pins the key.
-    """
-    detail = (f"out of routing: {node.addr} offers a host key other than the pinned one; re-pin it "
-              f"with `flask llmgw add-node {node.name} --repin` once you know the machine is ours")
-    Replica.update(state="unhealthy", updated=utcnow(), detail=detail) \
-        .where((Replica.node == node) & (Replica.state.in_(("ready", "starting", "unhealthy", "draining")))
-               & (Replica.detail != detail)).execute()
-
-
-def drained(node):
-    """Mark a draining node drained once no replica row is left on it (each is deleted only
-    after its engine was stopped)."""
-    if Replica.select().where(Replica.node == node).exists():
-        return
-    if Node.update(state="drained").where((Node.id == node.id) & (Node.state == "draining")).execute():
-        nodes.log_event(node, "drained: every replica it ran serves elsewhere and its engines are "
-                              f"stopped; `flask llmgw uncordon {node.name}` lets replicas back")
 
 
 def _reach(t):

@@ -8,10 +8,12 @@ import datetime
 import json
 import time
 
+import pytest
 import requests
 
 from llmgw.executors.transport import LocalTransport
 from llmgw.models import Model, Node, NodeEvent, Replica, utcnow
+from llmgw.plans import launch
 from llmgw.services import nodes
 from llmgw.services.replicas import running_units
 from tests.conftest import free_port, reconcile
@@ -23,8 +25,18 @@ def units(node):
     return asyncio.run(running_units(LocalTransport(), "setsid", node.base_dir))
 
 
-def second_node(tmp_path, name="local-b"):
-    return asyncio.run(nodes.add_local_node(name, str(tmp_path / name)))
+@pytest.fixture
+def second_node(tmp_path):
+    """Add another local node; its engines are stopped after the test like the first one's."""
+    made = []
+
+    def make(name="local-b"):
+        made.append(asyncio.run(nodes.add_local_node(name, str(tmp_path / name))))
+        return made[-1]
+    yield make
+    for node in made:
+        for unit in units(node):
+            asyncio.run(LocalTransport().run(launch.stop_argv("setsid", f"llmgw-{unit}", node.base_dir)))
 
 
 def rows():
@@ -35,11 +47,11 @@ def said(node):
     return [e.text for e in NodeEvent.select().where(NodeEvent.node == node).order_by(NodeEvent.id)]
 
 
-def test_a_drain_starts_the_replacement_first_and_lets_the_old_stream_finish(local_sim, tmp_path, cli):
+def test_a_drain_starts_the_replacement_first_and_lets_the_old_stream_finish(local_sim, second_node, cli):
     env = local_sim("0.1")
     conf, a = env["conf"], env["node"]
     reconcile(conf, lambda: rows() == {"demo-0": ("local", "ready")})
-    b = second_node(tmp_path)
+    b = second_node()
     reader, got = stream_from(Replica.get(Replica.name == "demo-0"))  # 5 s on the old engine
     out = cli("drain", "local", "--timeout", "60s")
     assert out.exit_code == 0 and "local draining: its 1 replica(s) start on other nodes first" in out.output

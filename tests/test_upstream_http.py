@@ -404,3 +404,21 @@ def test_https_and_proxied_hosts_stay_on_urllib3(monkeypatch):
     assert http._manager("http", "localhost") is None  # ours
     assert http._manager("http", "engine.example") is not None  # through the proxy: urllib3
     assert http._manager("https", "api.example") is not None
+
+
+def test_connections_to_engines_carry_the_liveness_bound(serve):
+    """A host that goes silent must not hold a request for TCP's own minutes: every connection
+    is made with keepalive probes and TCP_USER_TIMEOUT set to gateway.engine_liveness."""
+    server = serve(keep_answering)
+    http = Upstreams()
+    response = http.post(server.url(), b"{}", {}, 2.0, 5.0, 12)
+    assert b"".join(read_all(response)) == b'{"ok": true}'
+    response.finish(True)
+    (sock,) = http.lean.idle[("127.0.0.1", server.port)]
+    got = {name: sock.getsockopt(level, option) for name, level, option in (
+        ("keepalive", socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+        ("idle", socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+        ("interval", socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
+        ("count", socket.IPPROTO_TCP, socket.TCP_KEEPCNT),
+        ("user_timeout_ms", socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT))}
+    assert got == {"keepalive": 1, "idle": 3, "interval": 3, "count": 4, "user_timeout_ms": 12000}

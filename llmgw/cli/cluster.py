@@ -164,6 +164,7 @@ def list_nodes(as_json):
     for n in Node.select().order_by(Node.name):
         out.append({"name": n.name, "addr": n.addr, "port": n.port, "reachable": n.reachable,
                     "state": n.shown_state, "lost_since": n.lost_since.isoformat() if n.lost_since else None,
+                    "last_seen": n.last_seen.isoformat() if n.last_seen else None,
                     "labels": n.labels or {}, "fabric": n.fabric, "user": n.ssh_user,
                     "last_error": n.last_error, "host_key": n.host_key_fp,
                     "supervisor": supervisor_for(n.facts or {}),

@@ -59,6 +59,42 @@ class Headers:
 _RESET = (errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED, errno.ENOTCONN)
 
 
+def keep_alive(sock, liveness):
+    """Make a connection give up once its peer's host acknowledges nothing for `liveness` s.
+
+    A node whose network went silent (packets dropped, not refused) left requests waiting for a
+    first byte, or in the middle of a stream, until TCP gave up on its own: one took 958 s.
+    Keepalive probes go out while a connection waits (an engine working on a long prompt still
+    has its kernel answer them), and TCP_USER_TIMEOUT bounds both unanswered probes and unsent
+    data; the next read then fails with ETIMEDOUT. Set once per connection, not per request.
+    """
+    try:
+        for level, option, value in keepalive_options(liveness):
+            sock.setsockopt(level, option, value)
+    except OSError:
+        pass
+
+
+def _host_silent(error):
+    """Return whether an error is the kernel giving up on a silent peer (keep_alive's bound).
+
+    Python raises it as TimeoutError, as it does a socket timeout, but with errno ETIMEDOUT set.
+    """
+    return getattr(error, "errno", None) == errno.ETIMEDOUT
+
+
+def keepalive_options(liveness):
+    """Return the (level, option, value) socket options for keep_alive(); none off Linux."""
+    if not liveness or not hasattr(socket, "TCP_USER_TIMEOUT"):
+        return []
+    probe = max(1, int(liveness) // 4)
+    return [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1),
+            (socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, probe),
+            (socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, probe),
+            (socket.IPPROTO_TCP, socket.TCP_KEEPCNT, max(1, int(liveness) // probe)),
+            (socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(liveness * 1000))]
+
+
 class _Dead(Exception):
     """A connection closed or reset before the first byte of the response head."""
 
@@ -113,7 +149,7 @@ class LeanPool:
         else:
             sock.close()
 
-    def post(self, target, data, headers, connect_timeout, head_timeout):
+    def post(self, target, data, headers, connect_timeout, head_timeout, liveness=0):
         _, host, port, prefix = target
         head = [prefix]
         for name, value in headers.items():
@@ -135,6 +171,7 @@ class LeanPool:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:
             pass
+        keep_alive(sock, liveness)
         try:
             return self._exchange(key, sock, request, head_timeout)
         except _Dead as e:
@@ -167,14 +204,17 @@ class LeanPool:
                 if left <= 0:
                     raise socket.timeout("timed out")
                 sock.settimeout(left)
-        except socket.timeout as e:
-            sock.close()
-            raise HeadTimeout(f"no response head within {head_timeout:g} s") from e
         except (_Dead, ConnectFailed):
             sock.close()
             raise
         except OSError as e:
             sock.close()
+            if _host_silent(e):
+                # Its answer could not reach us whatever it is doing: another replica may try.
+                raise ConnectFailed("its host stopped acknowledging packets "
+                                    "(gateway.engine_liveness)") from e
+            if isinstance(e, socket.timeout):
+                raise HeadTimeout(f"no response head within {head_timeout:g} s") from e
             if not heard and e.errno in _RESET:
                 raise _Dead() from e
             raise ConnectFailed(f"the connection failed: {e}") from e
@@ -267,9 +307,11 @@ class LeanResponse:
             self._applied = self._timeout
         try:
             return sock.recv(n)
-        except socket.timeout as e:
-            raise ReadTimedOut(f"nothing arrived for {self._timeout:g} s") from e
         except OSError as e:
+            if _host_silent(e):
+                raise Broken("its host stopped acknowledging packets (gateway.engine_liveness)") from e
+            if isinstance(e, socket.timeout):
+                raise ReadTimedOut(f"nothing arrived for {self._timeout:g} s") from e
             raise Broken(str(e)) from e
 
     def read1(self, n=RECV):

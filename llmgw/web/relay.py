@@ -47,7 +47,7 @@ def forward(endpoints, path, body, reservation, routes):
             if endpoint in routes.auth:
                 headers["Authorization"] = routes.auth[endpoint]
             upstream = routes.http.post(f"{endpoint}/{path}", data, headers, g["connect_timeout"],
-                                        wait_first)
+                                        wait_first, g["engine_liveness"])
         except HeadTimeout:
             # It took the request and may be working on it: another replica would do it twice.
             routes.inflight[endpoint] -= 1

@@ -20,7 +20,7 @@ import urllib3
 from urllib3.exceptions import HTTPError, ReadTimeoutError
 
 from .lean_http import (CONNECTIONS_PER_HOST, Broken, ConnectFailed, HeadTimeout,  # noqa: F401
-                        LeanPool, ReadTimedOut, UpstreamError)
+                        LeanPool, ReadTimedOut, UpstreamError, keepalive_options)
 
 POOLS_PER_WORKER = 64
 
@@ -31,6 +31,7 @@ class Upstreams:
         self.direct = None  # urllib3, made on first use (https, proxies)
         self.proxies = urllib.request.getproxies()
         self.via = {}  # (scheme, host) -> the urllib3 pool manager, or None for the lean client
+        self.liveness = 0  # gateway.engine_liveness, given with each request
 
     def _manager(self, scheme, host):
         key = (scheme, host)
@@ -39,26 +40,29 @@ class Upstreams:
         except KeyError:
             pass
         proxy = self.proxies.get(scheme)
+        options = _socket_options(self.liveness)
         if proxy and not urllib.request.proxy_bypass(host or ""):
             manager = urllib3.ProxyManager(proxy, num_pools=POOLS_PER_WORKER,
-                                           maxsize=CONNECTIONS_PER_HOST)
+                                           maxsize=CONNECTIONS_PER_HOST, socket_options=options)
         elif scheme == "http":
             manager = None
         else:
             if self.direct is None:
                 self.direct = urllib3.PoolManager(num_pools=POOLS_PER_WORKER,
-                                                  maxsize=CONNECTIONS_PER_HOST)
+                                                  maxsize=CONNECTIONS_PER_HOST, socket_options=options)
             manager = self.direct
         self.via[key] = manager
         return manager
 
-    def post(self, url, data, headers, connect_timeout, read_timeout):
+    def post(self, url, data, headers, connect_timeout, read_timeout, liveness=0):
         """Send a POST; return the response with its body unread. read_timeout bounds the wait
-        for the response head. Raises ConnectFailed or HeadTimeout."""
+        for the response head; liveness, how long the peer's host may acknowledge nothing.
+        Raises ConnectFailed or HeadTimeout."""
         target = self.lean.target(url)
+        self.liveness = liveness  # for the urllib3 pools made from now on
         manager = self._manager(target[0], target[1])
         if manager is None:
-            return self.lean.post(target, data, headers, connect_timeout, read_timeout)
+            return self.lean.post(target, data, headers, connect_timeout, read_timeout, liveness)
         try:
             return Urllib3Response(manager.urlopen(
                 "POST", url, body=data, headers=headers, preload_content=False, retries=False,
@@ -70,6 +74,12 @@ class Upstreams:
 
 
 # --- urllib3 (https, proxies) ------------------------------------------------------------------
+
+def _socket_options(liveness):
+    """urllib3's socket options with the same keepalive bound as the lean client's sockets."""
+    from urllib3.connection import HTTPConnection
+    return list(HTTPConnection.default_socket_options) + keepalive_options(liveness)
+
 
 class Urllib3Response:
     __slots__ = ("raw", "status", "headers", "_sock")
