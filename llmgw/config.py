@@ -51,6 +51,7 @@ DEFAULTS = {
     },
     "weights": {
         "reserve": "5G",
+        "max_rate": "0",
     },
     "accounts": {
         "signup": "closed",
@@ -197,6 +198,8 @@ def _check_sizes(conf, path):
     try:
         conf["weights"]["reserve_mb"] = modelspec.parse_size(str(conf["weights"]["reserve"]),
                                                              "weights.reserve")
+        conf["weights"]["max_rate_bytes"] = modelspec.parse_size(
+            str(conf["weights"]["max_rate"]), "weights.max_rate") * 1024 * 1024
     except modelspec.SpecError as e:
         raise ConfigError(f"{path}: {e}") from e
 

@@ -186,6 +186,7 @@ class Model(Base):
     max_per_node = pw.IntegerField(default=0)  # 0: spread, several per node only when needed
     share_gpu = pw.BooleanField(default=False)
     on_nodes = pw.BooleanField(default=False)  # source is a path on the nodes, not copied there
+    manifest = JSONField(null=True)  # a directory's [[path, bytes, sha256], …]; None: one file
     origin = pw.TextField(default="")  # "file": declared in server.toml, changed only there
     estimate = JSONField(null=True)  # the sizing of one replica, when its files could be read
     verdict = JSONField(null=True)  # the last placement: summary and one line per node
@@ -214,6 +215,8 @@ class Replica(Base):
     gpu_indexes = JSONField(default=list)
     gpu_memory_mb = pw.IntegerField(default=0)
     memory_mb = pw.IntegerField(default=0)
+    # While its weights are copied: {done, total, sent, resumed_from, rate, eta} (bytes, B/s, s).
+    progress = JSONField(null=True)
 
     @property
     def unit(self):

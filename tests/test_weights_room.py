@@ -18,7 +18,7 @@ def test_a_copy_that_would_eat_the_reserve_is_refused_and_nothing_is_written(app
     with pytest.raises(InstallError) as refused:
         asyncio.run(weights.ensure_on_node(LocalTransport(), str(base), model, str(tmp_path / "c"), huge))
     said = str(refused.value)
-    assert said.startswith("tiny's file (0.0 GiB) does not fit on ") and "GiB free, " in said
+    assert said.startswith("tiny's weights (0.0 GiB still to copy) do not fit on ") and "GiB free, " in said
     assert "free space there or lower weights.reserve" in said
     assert list((base / "models").iterdir()) == []
     path = asyncio.run(weights.ensure_on_node(LocalTransport(), str(base), model, str(tmp_path / "c"), 0))

@@ -17,9 +17,13 @@ def _options(for_set):
     opts = [
         click.option("--file", "source", default=d(""),
                      help="A GGUF file on this machine or an http(s) URL (llamacpp); a directory "
-                          "with config.json and *.safetensors on the nodes (vllm, sglang: with --on-nodes)."),
+                          "with config.json and *.safetensors (vllm, sglang), copied to the nodes "
+                          "as a tree checked file by file."),
+        click.option("--node-path", "node_path", default=d(""),
+                     help="Weights already on the nodes at this absolute path (shared storage, "
+                          "pre-staged disks): used in place, never copied, never deleted."),
         click.option("--on-nodes/--not-on-nodes", "on_nodes", default=d(False),
-                     help="--file is a path already present on the nodes; nothing is copied."),
+                     help="--file is a path already present on the nodes (as --node-path)."),
         click.option("--engine", default=d("llamacpp"), show_default=not for_set,
                      type=click.Choice(modelspec.ENGINES)),
         click.option("--replicas", type=int, default=d(1), show_default=not for_set,
@@ -71,7 +75,13 @@ def _changes(given, for_set):
                 out[key] = tuple(value)
             elif key == "sha256":
                 out[key] = value.strip().lower()
-            else:
+            elif key == "node_path":
+                if value:
+                    if given.get("source"):
+                        raise SpecError("give --file (copied to the nodes) or --node-path (already "
+                                        "there), not both.")
+                    out.update(source=value, on_nodes=True)
+            elif key not in out:
                 out[key] = value
     except SpecError as e:
         raise LlmgwError(str(e)) from e
@@ -181,6 +191,8 @@ def _echo_replicas(reps):
         cards = (f"GPU {','.join(map(str, r['gpu_indexes']))} ({', '.join(r['gpu_uuids'])})"
                  if r["gpu_uuids"] else "no GPU")
         click.echo(f"replica      {r['name']} on {r['node']}:{r['port']} {cards}: {r['state']}  {r['detail']}")
+        if r["progress_text"]:
+            click.echo(f"             {r['progress_text']}")
 
 
 @model.command("plan")

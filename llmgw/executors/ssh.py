@@ -1,5 +1,6 @@
 """SSH to nodes with asyncssh: pinned host keys, one reused connection, a cap on channels."""
 import asyncio
+import os
 import posixpath
 import secrets
 import shlex
@@ -7,7 +8,7 @@ import shlex
 import asyncssh
 
 from ..errors import HostKeyMismatch, NodeError
-from .transport import Result, Transport
+from .transport import Result, Transport, pump
 
 # Stock sshd allows 10 sessions per connection; the 11th channel fails to open.
 DEFAULT_MAX_SESSIONS = 8
@@ -169,6 +170,35 @@ class SSHTransport(Transport):
         finally:
             if self.sudo:
                 await self.run(["rm", "-f", target])  # nothing left behind when a copy fails
+
+    async def send(self, local_path, remote_path, progress=None, max_rate=0):
+        conn = await self._connection()
+        # With sudo the bytes land in a staging file named after the target, so that a copy
+        # cut short is found and continued there, and root moves it in once it is whole.
+        stage = posixpath.join(posixpath.dirname(remote_path), ".llmgw-upload")
+        target = posixpath.join(stage, posixpath.basename(remote_path)) if self.sudo else remote_path
+        if self.sudo:
+            await self.check(["sh", "-c", 'mkdir -p "$0" && chown "$1" "$0" && chmod 700 "$0"',
+                              stage, self.user], what="preparing the upload directory")
+        try:
+            async with self._sessions:
+                async with conn.start_sftp_client() as sftp:
+                    try:
+                        found = (await sftp.stat(target)).size or 0
+                    except asyncssh.SFTPNoSuchFile:
+                        found = 0
+                    if found > os.path.getsize(local_path):
+                        found = 0
+                    async with sftp.open(target, "r+b" if found else "wb") as f:
+                        done = await pump(local_path, found, f.write, progress, max_rate)
+        except (OSError, asyncssh.Error) as e:
+            raise NodeError(self.name, f"copying {local_path} to {remote_path} over SFTP stopped: "
+                            f"{e or type(e).__name__}; the next attempt continues where it "
+                            f"stopped") from e
+        if self.sudo:
+            await self.check(["sh", "-c", 'mv -f "$0" "$1" && chown 0:0 "$1"', target, remote_path],
+                             timeout=LONG_FILE_SECONDS, what=f"moving the upload into {remote_path}")
+        return done
 
     async def _drop(self):
         if self._conn is not None:

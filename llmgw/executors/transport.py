@@ -1,8 +1,10 @@
 """How the control plane runs a command on a node: over SSH, or locally for the demo node."""
 import abc
 import asyncio
+import os
 import shlex
 import shutil
+import time
 from dataclasses import dataclass
 
 from ..errors import NodeError
@@ -37,6 +39,17 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     async def put(self, local_path, remote_path):
         """Copy a local file to a path on the node."""
+
+    async def send(self, local_path, remote_path, progress=None, max_rate=0):
+        """Copy a local file to remote_path, continuing what an earlier copy left there.
+
+        A model's weights take minutes to copy, and a reconciler restart or a broken
+        connection must not start them over: bytes already at remote_path are kept when there
+        are no more of them than the file has (their hash is checked by the caller at the
+        end). progress(done, total, sent) is called as blocks land; max_rate caps bytes/s.
+        Returns (bytes sent now, bytes found there already).
+        """
+        raise NotImplementedError
 
     async def close(self):
         return None
@@ -78,3 +91,58 @@ class LocalTransport(Transport):
 
     async def put(self, local_path, remote_path):
         await asyncio.to_thread(shutil.copyfile, local_path, remote_path)
+
+    async def send(self, local_path, remote_path, progress=None, max_rate=0):
+        try:
+            found = os.path.getsize(remote_path)
+        except OSError:
+            found = 0
+        if found > os.path.getsize(local_path):
+            found = 0
+        fd = os.open(remote_path, os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if not found else 0), 0o644)
+        try:
+            return await pump(local_path, found,
+                              lambda data, offset: asyncio.to_thread(os.pwrite, fd, data, offset),
+                              progress, max_rate)
+        finally:
+            os.close(fd)
+
+
+BLOCK = 1 << 20  # read and written in blocks of 1 MiB,
+WINDOW = 8  # this many in flight at once (SFTP writes each wait for their own answer)
+
+
+async def pump(local_path, found, write, progress=None, max_rate=0):
+    """Write local_path's bytes from offset `found` on with write(data, offset); see send()."""
+    total = os.path.getsize(local_path)
+    pos = found = found if 0 <= found <= total else 0
+    sent, started = 0, time.monotonic()
+    if progress:
+        progress(pos, total, 0)
+    with open(local_path, "rb") as src:
+        while pos < total:
+            blocks = await asyncio.to_thread(_read_blocks, src, pos, min(WINDOW, -(-(total - pos) // BLOCK)))
+            if not blocks:
+                break  # the file shrank under us: the hash check at the end says so
+            await asyncio.gather(*(write(data, offset) for offset, data in blocks))
+            n = sum(len(data) for _, data in blocks)
+            pos, sent = pos + n, sent + n
+            if progress:
+                progress(pos, total, sent)
+            if max_rate:
+                ahead = sent / max_rate - (time.monotonic() - started)
+                if ahead > 0:
+                    await asyncio.sleep(ahead)
+    return sent, found
+
+
+def _read_blocks(src, pos, count):
+    src.seek(pos)
+    blocks = []
+    for _ in range(count):
+        data = src.read(BLOCK)
+        if not data:
+            break
+        blocks.append((pos, data))
+        pos += len(data)
+    return blocks

@@ -42,6 +42,9 @@ class ModelSpec:
     max_per_node: int = 0
     share_gpu: bool = False
     on_nodes: bool = False
+    # A directory's files as ((relative path, bytes, sha256), ...); sha256 is then the digest of
+    # this list. Empty for a single file.
+    manifest: tuple = ()
 
     def with_changes(self, **changes):
         """Return this spec with the given settings changed and the whole checked again."""
@@ -110,8 +113,11 @@ def check(spec):
             if spec.engine in DIRECTORY_ENGINES else "a GGUF path or URL"
         raise SpecError(f"--file is required for a {spec.engine} model ({what}).")
     if spec.on_nodes and not spec.source.startswith("/"):
-        raise SpecError(f"--on-nodes needs --file to be an absolute path on the nodes, "
-                        f"not {spec.source!r}.")
+        raise SpecError(f"--node-path must be an absolute path on the nodes, not {spec.source!r}; "
+                        f"e.g. /srv/models/{spec.name}.")
+    if spec.on_nodes and ".." in spec.source.split("/"):
+        raise SpecError(f"--node-path {spec.source!r} climbs out with '..'; give the path as it is, "
+                        f"e.g. /srv/models/{spec.name}.")
     if spec.engine in DIRECTORY_ENGINES and not spec.gpus and not spec.share_gpu:
         raise SpecError(f"{spec.engine} serves on GPUs here: give --gpus N (cards per replica, "
                         f"its tensor parallel size) or --share-gpu.")
@@ -133,14 +139,15 @@ TABLE_KEYS = {"file": "source", "engine": "engine", "replicas": "replicas", "sha
               "args": "args", "fallbacks": "fallbacks", "gpus": "gpus", "gpu_class": "gpu_classes",
               "min_gpu_memory": "min_gpu_memory_mb", "memory": "memory_mb", "context": "context",
               "require": "requires", "max_per_node": "max_per_node", "share_gpu": "share_gpu",
-              "on_nodes": "on_nodes"}
+              "on_nodes": "on_nodes", "node_path": "source"}
 
 
 # In a [models.NAME] table a setting is its key, not its command-line flag.
 FLAG_KEYS = {"file": "file", "engine": "engine", "replicas": "replicas", "sha256": "sha256",
              "gpus": "gpus", "gpu-class": "gpu_class", "min-gpu-memory": "min_gpu_memory",
              "memory": "memory", "context": "context", "require": "require",
-             "max-per-node": "max_per_node", "share-gpu": "share_gpu", "on-nodes": "on_nodes"}
+             "max-per-node": "max_per_node", "share-gpu": "share_gpu", "on-nodes": "on_nodes",
+             "node-path": "node_path"}
 
 
 def from_table(name, table, where):
@@ -158,9 +165,13 @@ def _table_values(name, table):
     unknown = sorted(set(table) - set(TABLE_KEYS))
     if unknown:
         raise SpecError(f"unknown key {unknown[0]!r}; known keys: {', '.join(sorted(TABLE_KEYS))}.")
+    if "node_path" in table and "file" in table:
+        raise SpecError("give file (copied to the nodes) or node_path (already there), not both.")
     values = {}
     for key, value in table.items():
         values[TABLE_KEYS[key]] = _table_value(key, value)
+    if "node_path" in table:
+        values["on_nodes"] = True
     return values
 
 

@@ -32,7 +32,8 @@ def spec_of(model):
                      min_gpu_memory_mb=model.min_gpu_memory_mb, memory_mb=model.memory_mb,
                      context=model.context, requires=dict(model.requires or {}),
                      max_per_node=model.max_per_node, share_gpu=model.share_gpu,
-                     on_nodes=model.on_nodes)
+                     on_nodes=model.on_nodes,
+                     manifest=tuple(tuple(e) for e in model.manifest or ()))
 
 
 def cluster_classes():
@@ -141,14 +142,21 @@ def _check_source(spec, known_sha256=""):
     if spec.on_nodes:
         return spec
     if spec.engine in modelspec.DIRECTORY_ENGINES:
-        path = Path(spec.source)
-        raise LlmgwError(
-            f"{spec.engine} serves a directory (config.json, tokenizer, *.safetensors) that must "
-            f"already be on the nodes: copying one from here is not supported yet. Put "
-            f"{spec.source} at the same path on the nodes and add --on-nodes."
-            if path.is_dir() else
-            f"{spec.engine} serves a directory with config.json and *.safetensors shards; "
-            f"{spec.source!r} is not one. Give that directory, on the nodes, with --on-nodes.")
+        if known_sha256 and spec.sha256 in ("", known_sha256) and spec.manifest:
+            return spec.with_changes(source=_normal_source(spec), sha256=known_sha256)
+        path = Path(spec.source).expanduser().resolve()
+        if not (path / "config.json").is_file():
+            raise LlmgwError(
+                f"{spec.engine} serves a directory with config.json and *.safetensors shards; "
+                f"{spec.source!r} is not one on this machine. Give that directory, or "
+                f"--node-path for one already on the nodes.")
+        manifest = weights.manifest_of(path)
+        digest = weights.manifest_digest(manifest)
+        if spec.sha256 and spec.sha256 != digest:
+            raise LlmgwError(f"--sha256 {spec.sha256[:12]}… does not match the manifest of {path} "
+                             f"({digest[:12]}…: the sha256 of its files' list of path, size and "
+                             f"sha256).")
+        return spec.with_changes(source=str(path), sha256=digest, manifest=manifest)
     if known_sha256 and spec.sha256 in ("", known_sha256):
         # The same file as before, already checked and hashed.
         return spec.with_changes(source=_normal_source(spec), sha256=known_sha256)
@@ -207,7 +215,8 @@ def save(spec, est, origin=""):
     """Write the spec to its Model row; return (row, created)."""
     values = {k: v for k, v in asdict(spec).items() if k != "name"}
     values.update(args=list(spec.args), fallbacks=list(spec.fallbacks) or None,
-                  gpu_classes=list(spec.gpu_classes), estimate=est, origin=origin)
+                  gpu_classes=list(spec.gpu_classes), estimate=est, origin=origin,
+                  manifest=[list(e) for e in spec.manifest] or None)
     row = Model.get_or_none(Model.name == spec.name)
     if row is None:
         return Model.create(name=spec.name, **values), True
@@ -243,7 +252,7 @@ def change(name, conf, **changes):
     # --file given again is the way to take a file changed in place: it is hashed anew.
     same_file = "source" not in changes and spec.engine == model.engine
     if not same_file and "sha256" not in changes:
-        spec = spec.with_changes(sha256="")  # a new file has its own checksum
+        spec = spec.with_changes(sha256="", manifest=())  # a new file has its own checksum
     spec, est, warnings = prepare(spec, model.sha256 if same_file else "")
     if est is None and same_file and model.estimate:
         est = model.estimate  # its file is not here any more: the last estimate still stands

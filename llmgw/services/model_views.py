@@ -1,6 +1,7 @@
 """A model and its replicas as the CLI's --json and the pages show them."""
 from ..models import Replica
 from . import placing
+from .progress import human_bytes
 
 
 def model_view(m):
@@ -17,9 +18,31 @@ def model_view(m):
 
 
 def replica_view(r):
-    return {"name": r.name, "node": r.node.name, "port": r.port, "state": r.state, "detail": r.detail,
+    return {"name": r.name, "node": r.node.name, "model": r.model.name, "port": r.port, "state": r.state, "detail": r.detail,
             "gpu_indexes": r.gpu_indexes or [], "gpu_uuids": r.gpu_uuids or [],
-            "gpu_memory_mb": r.gpu_memory_mb, "memory_mb": r.memory_mb, "endpoint": r.endpoint}
+            "gpu_memory_mb": r.gpu_memory_mb, "memory_mb": r.memory_mb, "endpoint": r.endpoint,
+            "progress": progress_of(r), "progress_text": progress_text(r)}
+
+
+def progress_of(r):
+    """Return a copy's progress while the replica is fetching its weights, else None."""
+    return r.progress if r.state == "fetching" and r.progress else None
+
+
+def progress_text(r):
+    """Return 'copying 1.2 GiB of 4.0 GiB (30%), 85.0 MiB/s, 35 s left; resumed at …', or ''."""
+    p = progress_of(r)
+    if not p:
+        return ""
+    total = p.get("total") or 0
+    pct = int(100 * p["done"] / total) if total else 0
+    text = (f"copying {human_bytes(p['done'])} of {human_bytes(total)} ({pct}%), "
+            f"{human_bytes(p.get('rate', 0))}/s")
+    if p.get("eta"):
+        text += f", {p['eta']} s left"
+    if p.get("resumed_from"):
+        text += f"; resumed at {human_bytes(p['resumed_from'])}"
+    return text
 
 
 def needs_text(m):

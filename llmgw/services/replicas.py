@@ -15,6 +15,7 @@ from ..plans import launch
 from ..plans.placement import free_port
 from ..plans.replica_state import LEAVING, next_step, retry_delay
 from . import logs, weights
+from .progress import Progress
 
 log = logging.getLogger("llmgw.replicas")
 
@@ -325,11 +326,13 @@ class NodeReplicas:
         if model.on_nodes:
             path = await weights.check_on_node(self.t, model, self.node.name)
         else:
-            if not _set(replica, "fetching", f"copying {model.name}'s file to {self.node.name}"):
+            if not _set(replica, "fetching", f"copying {model.name}'s weights to {self.node.name}"):
                 return  # moved or removed since this pass looked
+            w = self.conf["weights"]
             path = await weights.ensure_on_node(self.t, self.node.base_dir, model,
-                                                self.conf["engines"]["cache"],
-                                                self.conf["weights"]["reserve_mb"])
+                                                self.conf["engines"]["cache"], w["reserve_mb"],
+                                                Progress(replica, self.node, _still_there).tell,
+                                                w["max_rate_bytes"])
         if not Replica.select().where(_still_there(replica)).exists():
             return  # removed or moved while its file was copied: the next pass starts it where it is
         await self.t.run(launch.stop_argv(self.supervisor, replica.unit, self.node.base_dir))
@@ -342,7 +345,7 @@ class NodeReplicas:
         _set(replica, "starting", f"started as {replica.unit} under {self.supervisor}{cards}; "
                                   f"waiting for /health",
              supervisor=self.supervisor, endpoint=endpoint_of(self.node, replica.port),
-             spec=spec_of(model, install, replica))
+             spec=spec_of(model, install, replica), progress=None)
 
     def _serve(self, replica, model, install, path):
         # The control plane reaches a local node on loopback; nothing else should.

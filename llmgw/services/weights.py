@@ -1,6 +1,7 @@
 """Model files: fetched once into the control plane's cache, pushed to each node that needs them."""
 import asyncio
 import hashlib
+import json
 import posixpath
 import urllib.parse
 from pathlib import Path
@@ -39,14 +40,42 @@ def local_copy(source, cache_dir, sha256=""):
     return target
 
 
+def manifest_of(directory):
+    """Return ((relative path, bytes, sha256), ...) of every file under a model directory."""
+    root = Path(directory)
+    out = []
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith(".llmgw"):
+            continue  # our own markers, never the model's
+        out.append((rel, path.stat().st_size, sha256_file(path)))
+    return tuple(out)
+
+
+def manifest_digest(manifest):
+    """Return the sha256 that names a directory model: the digest of its manifest."""
+    text = json.dumps([list(e) for e in manifest], separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def remote_path(base_dir, model):
-    return posixpath.join(base_dir, "models", f"{slug(model.name)}-{model.sha256[:12]}.gguf")
+    """Return where the model's weights live on a node: a .gguf file, or a directory."""
+    stem = f"{slug(model.name)}-{model.sha256[:12]}"
+    if model.manifest:
+        return posixpath.join(base_dir, "models", stem)
+    return posixpath.join(base_dir, "models", f"{stem}.gguf")
 
 
-async def ensure_on_node(transport, base_dir, model, cache_dir, reserve_mb=0):
-    """Put the model's file on the node unless an intact copy is already there; return its path.
+# One copy of one model onto one node at a time: two replicas placed together share it.
+_copies = {}
+
+
+async def ensure_on_node(transport, base_dir, model, cache_dir, reserve_mb=0, progress=None,
+                         max_rate=0):
+    """Put the model's weights on the node unless an intact copy is there; return their path.
 
     reserve_mb: room the node's filesystem must keep free after the copy (weights.reserve).
+    progress(done, total, sent, found): bytes of the whole copy, as it goes.
     """
     if not model.source:
         return ""
@@ -55,31 +84,123 @@ async def ensure_on_node(transport, base_dir, model, cache_dir, reserve_mb=0):
         model.sha256 = await asyncio.to_thread(sha256_file, local)
         model.save(only=[type(model).sha256])
     path = remote_path(base_dir, model)
+    lock = _copies.setdefault((transport.name, path), asyncio.Lock())
+    async with lock:
+        if model.manifest:
+            return await _ensure_tree(transport, model, path, reserve_mb, progress, max_rate)
+        return await _ensure_file(transport, model, path, cache_dir, reserve_mb, progress, max_rate)
+
+
+async def _ensure_file(transport, model, path, cache_dir, reserve_mb, progress, max_rate):
     have = await transport.run(["sha256sum", path], timeout=LONG_FILE_SECONDS)
     if have.ok and have.stdout.split()[:1] == [model.sha256]:
         return path
     local = await asyncio.to_thread(local_copy, model.source, cache_dir, model.sha256)
     await transport.check(["mkdir", "-p", posixpath.dirname(path)])
-    await _check_room(transport, path, Path(local).stat().st_size, reserve_mb, model.name)
-    await transport.put(str(local), path + ".partial")
+    size = Path(local).stat().st_size
+    found = (await _present(transport, posixpath.dirname(path))).get(posixpath.basename(path) + ".partial", 0)
+    await _check_room(transport, path, size - min(found, size), reserve_mb, model.name)
+    tell = None if progress is None else (lambda done, total, sent: progress(done, total, sent, found))
+    await transport.send(str(local), path + ".partial", tell, max_rate)
     hashed = await transport.check(["sha256sum", path + ".partial"], timeout=LONG_FILE_SECONDS)
     got = hashed.stdout.split()[:1]
     if got != [model.sha256]:
+        await transport.run(["rm", "-f", path + ".partial"])  # the next attempt starts afresh
         raise InstallError(f"{model.name}'s file arrived on the node damaged (sha256 "
                            f"{(got or ['?'])[0][:12]}…, expected {model.sha256[:12]}…)")
     await transport.check(["mv", path + ".partial", path], timeout=LONG_FILE_SECONDS)
     return path
 
 
+MARKER = ".llmgw-manifest"  # written last into a tree whose every file was checked
+
+
+async def _ensure_tree(transport, model, path, reserve_mb, progress, max_rate):
+    """Copy a directory model into <path>.partial file by file, check each file's sha256
+    against the manifest, then rename it into place; a copy cut short continues."""
+    have = await transport.run(["cat", posixpath.join(path, MARKER)])
+    if have.ok and have.stdout.strip() == model.sha256:
+        return path
+    stage = path + ".partial"
+    files = [tuple(e) for e in model.manifest]
+    source = Path(model.source)
+    for rel, size, _ in files:
+        if not (source / rel).is_file() or (source / rel).stat().st_size != size:
+            raise InstallError(f"{source / rel} is missing or changed since {model.name} was added "
+                               f"(the manifest says {size} bytes); add the model again with "
+                               f"`flask llmgw model set {model.name} --file {source}`")
+    present = await _present(transport, stage)
+    total = sum(size for _, size, _ in files)
+    found = sum(min(present.get(rel, 0), size) for rel, size, _ in files
+                if present.get(rel, 0) <= size)
+    await transport.check(["mkdir", "-p", stage,
+                           *sorted({posixpath.join(stage, posixpath.dirname(rel))
+                                    for rel, _, _ in files if posixpath.dirname(rel)})])
+    await _check_room(transport, path, total - found, reserve_mb, model.name)
+    before, sent_before = 0, 0
+    for rel, size, _ in files:
+        if present.get(rel) == size:
+            before += size
+            continue
+
+        def tell(done, _total, sent, base=before, sent_base=sent_before):
+            if progress is not None:
+                progress(base + done, total, sent_base + sent, found)
+        sent, _ = await transport.send(str(source / rel), posixpath.join(stage, rel), tell, max_rate)
+        before, sent_before = before + size, sent_before + sent
+    if progress is not None:
+        progress(total, total, sent_before, found)
+    await _check_tree(transport, model, stage, files)
+    await transport.check(["sh", "-c", 'printf %s "$2" > "$0/$3" && rm -rf "$1" && mv "$0" "$1"',
+                           stage, path, model.sha256, MARKER], timeout=LONG_FILE_SECONDS,
+                          what=f"moving {model.name}'s checked tree into place")
+    return path
+
+
+async def _check_tree(transport, model, stage, files):
+    """Hash every file of a copied tree on the node; remove the ones that do not match."""
+    argv = ["sh", "-c", 'cd "$0" && sha256sum -- "$@"', stage, *[rel for rel, _, _ in files]]
+    hashed = await transport.run(argv, timeout=LONG_FILE_SECONDS)
+    got = {}
+    for line in hashed.stdout.splitlines():
+        digest, _, name = line.partition("  ")
+        got[name] = digest
+    bad = [rel for rel, _, sha in files if got.get(rel) != sha]
+    if bad:
+        await transport.run(["sh", "-c", 'cd "$0" && rm -f -- "$@"', stage, *bad])
+        raise InstallError(f"{len(bad)} file(s) of {model.name} arrived damaged or not at all "
+                           f"({', '.join(bad[:3])}{' …' if len(bad) > 3 else ''}); they were "
+                           f"removed and are copied again on the next attempt")
+
+
+async def _present(transport, directory):
+    """Return {relative path: bytes} of the files under a directory on the node ({} if none)."""
+    listing = await transport.run(["find", directory, "-type", "f", "-printf", "%s %P\\n"],
+                                  timeout=LONG_FILE_SECONDS)
+    out = {}
+    for line in listing.stdout.splitlines() if listing.ok else []:
+        size, _, rel = line.partition(" ")
+        if size.isdigit():
+            out[rel] = int(size)
+    return out
+
+
 async def check_on_node(transport, model, node_name):
-    """Return the model's path when it is already on the node, as --on-nodes promised."""
+    """Return the model's path when it is on the node, as --node-path promised; never copied,
+    never deleted. A file's sha256 is checked when one was given."""
     directory = model.engine in ("vllm", "sglang")
     probe = ["test", "-f", posixpath.join(model.source, "config.json") if directory else model.source]
     if not (await transport.run(probe)).ok:
         what = "a directory with config.json" if directory else "a file"
         raise InstallError(f"{model.source} is not {what} on {node_name}; the model was added with "
-                           f"--on-nodes, so put it at that path on every node it may run on "
+                           f"--node-path, so put it at that path on every node it may run on "
                            f"(shared storage or a copy), or add it from a file on the control plane")
+    if model.sha256 and not directory:
+        hashed = await transport.run(["sha256sum", model.source], timeout=LONG_FILE_SECONDS)
+        got = hashed.stdout.split()[:1]
+        if got != [model.sha256]:
+            raise InstallError(f"{model.source} on {node_name} is not the file given with --sha256 "
+                               f"(sha256 {(got or ['?'])[0][:12]}…, expected {model.sha256[:12]}…)")
     return model.source
 
 
@@ -93,7 +214,7 @@ async def _check_room(transport, path, size, reserve_mb, model_name):
     free_mb = room.get("free_mb")
     need_mb = -(-size // (1024 * 1024)) + reserve_mb
     if free_mb is not None and free_mb < need_mb:
-        raise InstallError(f"{model_name}'s file ({size / 2**30:.1f} GiB) does not fit on "
+        raise InstallError(f"{model_name}'s weights ({size / 2**30:.1f} GiB still to copy) do not fit on "
                            f"{room.get('mount') or directory}: {free_mb / 1024:.1f} GiB free, "
                            f"{need_mb / 1024:.1f} GiB needed with weights.reserve "
                            f"({reserve_mb / 1024:.1f} GiB kept free); free space there or lower "

@@ -4,6 +4,7 @@ from flask_login import current_user
 
 from ..models import EngineInstall, LogRequest, Model, Node, NodeEvent, Replica, utcnow
 from ..services import cards, nodes
+from ..services.model_views import replica_view
 from ..plans.launch import supervisor_for
 from ..plans.nodespec import parse_duration
 from . import admin_required, is_htmx
@@ -68,9 +69,28 @@ def node_page(name):
     req = _ask(node, source, "") if source else None
     events = list(node.events.order_by(NodeEvent.id.desc()).limit(50))
     return render_template("node.html", node=node, replicas=reps, source=source, req=req, events=events,
+                           **_replicas_view(node, reps),
                            installs=list(node.installs), supervisor=supervisor_for(node.facts or {}),
                            gpus=cards.node_cards(node),
                            lost_after=current_app.config["LLMGW"]["reconciler"]["node_lost_after"])
+
+
+# Replica states whose rows change by themselves: the node page polls its table meanwhile.
+IN_FLUX = ("pending", "fetching", "starting", "moving", "restarting", "draining", "stopping")
+
+
+def _replicas_view(node, reps):
+    views = [replica_view(r) for r in reps]
+    return {"views": views, "moving": any(v["state"] in IN_FLUX for v in views)}
+
+
+@bp.get("/nodes/<name>/replicas")
+@admin_required
+def node_replicas(name):
+    """The node page's replica table, polled while a copy or a start is under way."""
+    node = _node(name)
+    reps = list(Replica.select().where(Replica.node == node).order_by(Replica.name))
+    return render_template("_node_replicas.html", node=node, **_replicas_view(node, reps))
 
 
 @bp.post("/nodes/<name>/cordon")
