@@ -52,6 +52,7 @@ DEFAULTS = {
     "weights": {
         "reserve": "5G",
         "max_rate": "0",
+        "keep_unused": "24h",
     },
     "accounts": {
         "signup": "closed",
@@ -194,13 +195,16 @@ def _convert(name, raw, default):
 
 def _check_sizes(conf, path):
     """Turn size settings like weights.reserve = "5G" into MiB, or say what is wrong."""
-    from .plans import modelspec
+    from .plans import modelspec, nodespec
     try:
         conf["weights"]["reserve_mb"] = modelspec.parse_size(str(conf["weights"]["reserve"]),
                                                              "weights.reserve")
         conf["weights"]["max_rate_bytes"] = modelspec.parse_size(
             str(conf["weights"]["max_rate"]), "weights.max_rate") * 1024 * 1024
-    except modelspec.SpecError as e:
+        keep = str(conf["weights"]["keep_unused"]).strip()
+        conf["weights"]["keep_unused_seconds"] = 0 if keep == "0" else \
+            nodespec.parse_duration(keep, "weights.keep_unused")
+    except (modelspec.SpecError, ValueError) as e:
         raise ConfigError(f"{path}: {e}") from e
 
 

@@ -140,6 +140,7 @@ class Node(Base):
     # Set when neither SSH nor any of its engines answered for reconciler.node_lost_after: its
     # replicas are placed elsewhere, and it takes no new ones until its stale engines are stopped.
     lost_since = pw.DateTimeField(null=True)
+    weights_seen = JSONField(default=dict)  # entry of <base>/models -> epoch s a replica last used it
 
     @property
     def shown_state(self):

@@ -17,7 +17,7 @@ from . import leader
 from .errors import HostKeyMismatch, LlmgwError
 from .executors.release import ReleaseCache
 from .models import EngineInstall, LogRequest, Model, Node, Replica, database, utcnow
-from .services import catalog, endpoints, lifecycle, logs, nodes, placing
+from .services import catalog, collect, endpoints, lifecycle, logs, nodes, placing
 from .services.install import Installer, converge_probed
 from .services.replicas import NodeReplicas, check_over_http, units_on
 from .plans.launch import supervisor_for
@@ -31,6 +31,8 @@ LEAD_CHECK_TIMEOUT = 15
 # How long a pass waits for the nodes' looks before it places replicas: an answering node
 # answers within it; one that does not is tended from its last finished look.
 LOOK_PATIENCE_SECONDS = 3
+# How often a node's unused weights are looked for (more often when keep_unused is shorter).
+COLLECT_SECONDS = 300
 
 
 class Reconciler:
@@ -41,6 +43,7 @@ class Reconciler:
         self.impostors = set()  # nodes whose address answered with another host key
         self.tasks = {}
         self.gpus_checked = {}  # node id -> when nvidia-smi was last asked
+        self.collected = {}  # node id -> when its unused weights were last looked for
         self.lost = lifecycle.LostWatch(conf["reconciler"]["node_lost_after"])
         e = conf["engines"]
         self.releases = ReleaseCache(e["cache"], e["github_api"], e["github_download"])
@@ -127,6 +130,22 @@ class Reconciler:
             # Installs need no placement, so every look that reaches its node starts them: one
             # whose look outlasted the pass's patience (its first address dead, say) too.
             self._spawn(("install", node.id), self._installs(node.id))
+            keep = self.conf["weights"]["keep_unused_seconds"]
+            every = min(COLLECT_SECONDS, max(1, keep))
+            if keep and time.monotonic() - self.collected.get(node.id, 0) >= every:
+                self.collected[node.id] = time.monotonic()
+                self._spawn(("weights", node.id), self._collect(node.id, keep))
+
+    async def _collect(self, node_id, keep):
+        """Delete the weights no replica on the node has used for weights.keep_unused."""
+        node = Node.get_or_none(Node.id == node_id)
+        if node is None:
+            return
+        t = self.transport(node)
+        try:
+            await collect.collect(node, t, await collect.look(node, t, keep), keep)
+        except LlmgwError as e:
+            log.warning("%s: collecting weights: %s", node.name, e)
 
     async def _look(self, node):
         """Reach the node (discovering it when due); a failure marks it unreachable.

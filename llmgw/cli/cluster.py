@@ -1,4 +1,5 @@
 """`flask llmgw add-node | remove-node | discover | engine-check | nodes | logs | endpoint`."""
+import datetime
 import os
 
 import click
@@ -8,7 +9,8 @@ from ..models import Endpoint, Node, NodeEvent, Replica
 from ..plans.launch import supervisor_for
 from ..plans.nodespec import parse_duration
 from ..services import logs as logsvc
-from ..services import cards, endpoints, install, nodes
+from ..services import cards, collect, endpoints, install, nodes
+from ..services.progress import human_bytes
 from . import conf, echo_json, llmgw, root_option, run_async
 
 
@@ -153,6 +155,42 @@ def drain(name, timeout):
     except ValueError as e:
         raise LlmgwError(str(e)) from None
     click.echo(nodes.drain(_node(name), seconds))
+
+
+@llmgw.command("weights")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--collect", "now", is_flag=True, help="Delete now what weights.keep_unused allows.")
+@root_option
+def weights_cmd(name, as_json, now):
+    """List the weights under a node's <base>/models: size, last used, by whom, kept or not."""
+    node, c = _node(name), conf()
+    keep = c["weights"]["keep_unused_seconds"]
+    t = nodes.transport_for(node, c)
+
+    async def go():
+        try:
+            verdicts = await collect.look(node, t, keep)
+            gone = await collect.collect(node, t, verdicts, keep) if now else []
+            return verdicts, gone
+        finally:
+            await t.close()
+    verdicts, gone = run_async(go())
+    rows = [{"name": v.entry.name, "bytes": v.entry.size, "last_used": _when(v.last_used),
+             "in_use_by": list(v.users), "collectable": v.collect, "why": v.why,
+             "collected": v.entry.name in gone} for v in verdicts]
+    if as_json:
+        return echo_json(rows)
+    if not rows:
+        click.echo(f"{name}: nothing under {collect.models_dir(node)}")
+    for r in rows:
+        state = "collected" if r["collected"] else ("collectable" if r["collectable"] else "kept")
+        click.echo(f"{r['name']:<40} {human_bytes(r['bytes']):>10}  last used {r['last_used']}  "
+                   f"{state}: {r['why']}")
+
+
+def _when(epoch):
+    return datetime.datetime.fromtimestamp(epoch, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 @llmgw.command("nodes")

@@ -67,7 +67,7 @@ def remote_path(base_dir, model):
 
 
 # One copy of one model onto one node at a time: two replicas placed together share it.
-_copies = {}
+copies = {}
 
 
 async def ensure_on_node(transport, base_dir, model, cache_dir, reserve_mb=0, progress=None,
@@ -84,7 +84,7 @@ async def ensure_on_node(transport, base_dir, model, cache_dir, reserve_mb=0, pr
         model.sha256 = await asyncio.to_thread(sha256_file, local)
         model.save(only=[type(model).sha256])
     path = remote_path(base_dir, model)
-    lock = _copies.setdefault((transport.name, path), asyncio.Lock())
+    lock = copies.setdefault((transport.name, path), asyncio.Lock())
     async with lock:
         if model.manifest:
             return await _ensure_tree(transport, model, path, reserve_mb, progress, max_rate)
