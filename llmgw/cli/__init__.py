@@ -68,5 +68,5 @@ def echo_json(obj):
 
 
 def register(app):
-    from . import cluster, demo, keys, limits, models, setup, users  # noqa: F401  (they add their commands to the group)
+    from . import cluster, demo, keys, limits, mirror, models, setup, users  # noqa: F401  (they add their commands to the group)
     app.cli.add_command(llmgw)

@@ -14,7 +14,7 @@ from ..models import Model, Node, database
 from ..plans import modelspec, sizing
 from ..plans.modelspec import ModelSpec, SpecError
 from ..plans.placement import slug
-from . import weights
+from . import mirror, weights
 
 log = logging.getLogger("llmgw.catalog")
 # Classes discovery names for cards in common use, so a model may name one before such a node joins.
@@ -230,12 +230,19 @@ def refuse_if_declared(model, conf):
                          f"change it there, and the catalog follows the file at the next start.")
 
 
+def from_mirror(spec, conf):
+    """Turn --file mirror:NAME into the mirrored file's path on this machine."""
+    if spec.source.startswith("mirror:"):
+        return spec.with_changes(source=str(mirror.path_of(conf, spec.source[len("mirror:"):])))
+    return spec
+
+
 def add(spec, conf):
     """Add a model, or replace every setting of one added before; return (row, created, warnings)."""
     existing = Model.get_or_none(Model.name == spec.name)
     if existing is not None:
         refuse_if_declared(existing, conf)
-    spec, est, warnings = prepare(spec)
+    spec, est, warnings = prepare(from_mirror(spec, conf))
     with database.atomic():
         row, created = save(spec, est)
     return row, created, warnings
@@ -249,6 +256,7 @@ def change(name, conf, **changes):
         spec = spec_of(model).with_changes(**changes)
     except SpecError as e:
         raise LlmgwError(str(e)) from e
+    spec = from_mirror(spec, conf)
     # --file given again is the way to take a file changed in place: it is hashed anew.
     same_file = "source" not in changes and spec.engine == model.engine
     if not same_file and "sha256" not in changes:
@@ -336,6 +344,11 @@ def sync_declared(conf):
     said = []
     for name, spec in declared.items():
         row = Model.get_or_none(Model.name == name)
+        try:
+            spec = from_mirror(spec, conf)
+        except LlmgwError as e:
+            said.append(f"{name}: not taken from {conf['_path']}: {e}")
+            continue
         if row is not None and row.origin == "file" and _unchanged(row, spec):
             continue
         known = row.sha256 if row is not None and row.source == _normal_source(spec) else ""

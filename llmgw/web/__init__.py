@@ -62,12 +62,12 @@ def is_htmx():
 
 
 def register(app):
-    from . import accounts, auth, cluster, gateway, health, models, quotas
+    from . import accounts, auth, cluster, gateway, health, mirror, models, quotas
 
     login_manager.init_app(app)
     app.session_interface = NoSessionsForTheApi()
     app.jinja_env.globals["csrf_token"] = csrf_token
     app.before_request(_check_csrf)
-    for module in (accounts, auth, cluster, gateway, health, models, quotas):
+    for module in (accounts, auth, cluster, gateway, health, mirror, models, quotas):
         app.register_blueprint(module.bp)
     gateway.json_errors(app)
