@@ -136,3 +136,12 @@ def lock_for(conf):
     if urllib.parse.urlparse(url).scheme in ("postgres", "postgresql"):
         return AdvisoryLock(url)
     return FileLock(Path(conf["_root"]) / "reconciler.lock")
+
+
+def someone_leads(conf):
+    """Return whether a reconciler holds the lead now (taking the lock for a moment to see)."""
+    lock = lock_for(conf)
+    if lock.try_acquire():
+        lock.release()
+        return False
+    return True

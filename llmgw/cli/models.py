@@ -140,10 +140,11 @@ def _after_change(row, warnings):
 @model.command("remove")
 @click.argument("name")
 @click.option("--force", is_flag=True, help="Remove it even while other models name it as a fallback.")
+@click.option("--now", is_flag=True, help="Stop its engines at once, without waiting for their requests.")
 @root_option
-def model_remove(name, force):
-    """Stop a model's replicas, then remove it from the catalog."""
-    stopped, left = run_async(catalog.remove(conf(), name, force))
+def model_remove(name, force, now):
+    """Take a model's replicas out of routing, stop them once their requests are done, forget it."""
+    stopped, left = run_async(catalog.remove(conf(), name, force, lambda t: click.echo(t, err=True), now))
     click.echo(f"removed model {name}" + (f"; stopped {', '.join(stopped)}" if stopped else "; no replica was running"))
     for line in left:
         click.echo(f"warning: {line}", err=True)

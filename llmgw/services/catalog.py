@@ -3,14 +3,17 @@
 Models come from the CLI (origin "") or from [models.NAME] tables in server.toml (origin
 "file"); the file's models follow the file at every start and refuse changes made elsewhere.
 """
+import asyncio
 import logging
 import re
+import time
 from dataclasses import asdict
 from pathlib import Path
 
 from ..errors import LlmgwError
 from ..executors.release import sha256_file
-from ..models import Model, Node, database
+from .. import leader
+from ..models import Model, Node, Replica, database
 from ..plans import modelspec, sizing
 from ..plans.modelspec import ModelSpec, SpecError
 from ..plans.placement import slug
@@ -282,11 +285,14 @@ def fallback_users(name):
     return [m for m in Model.select() if name in (m.fallbacks or [])]
 
 
-async def remove(conf, name, force=False):
-    """Forget a model, then stop its replicas; return (units stopped, sentences of what was not).
+async def remove(conf, name, force=False, said=lambda text: None, now=False):
+    """Forget a model and stop its replicas; return (units stopped, sentences of what was not).
 
-    The rows go first, so the reconciler cannot start again what is being stopped; a unit that
-    cannot be stopped now has no row any more and is stopped when its node answers again.
+    While a reconciler leads (and unless now), the model is first scaled to 0: its replicas
+    leave routing and are stopped by the reconciler once their requests are done (within
+    reconciler.stop_grace), as when a model is scaled down. Then the rows go, so the reconciler
+    cannot start again what is being stopped, and any engine still running is stopped here; one
+    that cannot be stopped now has no row any more and is stopped when its node answers again.
     """
     from ..plans import launch
     from .nodes import transport_for
@@ -297,6 +303,8 @@ async def remove(conf, name, force=False):
         raise LlmgwError(f"{', '.join(m.name for m in users)} name(s) {name!r} as a fallback; change "
                          f"them first (model set M --fallback …), or remove it anyway with --force, "
                          f"which takes it off their fallback lists.")
+    if not now and model.replica_rows.count() and leader.someone_leads(conf):
+        await _drain_model(conf, model, said)
     units = [(r.unit, r.node, r.supervisor or launch.supervisor_for(r.node.facts or {}))
              for r in model.replica_rows]
     with database.atomic():
@@ -316,6 +324,26 @@ async def remove(conf, name, force=False):
         finally:
             await t.close()
     return stopped, left
+
+
+async def _drain_model(conf, model, said):
+    """Scale a model being removed to 0 and wait while the reconciler stops its replicas."""
+    r, g = conf["reconciler"], conf["gateway"]
+    Model.update(replicas=0).where(Model.id == model.id).execute()
+    patience = r["stop_grace"] + g["route_cache_seconds"] + 3 * r["interval"] + 30
+    deadline = time.monotonic() + patience
+    told = None
+    while time.monotonic() < deadline:
+        left = Replica.select().where(Replica.model == model).count()
+        if not left:
+            return
+        if left != told:
+            said(f"{model.name}: {left} replica(s) out of routing, finishing their requests "
+                 f"(up to reconciler.stop_grace, {r['stop_grace']} s)")
+            told = left
+        await asyncio.sleep(0.5)
+    said(f"{model.name}: the reconciler did not stop every replica within {patience} s; the rest "
+         f"are stopped now")
 
 
 def _unchanged(row, spec):

@@ -220,3 +220,27 @@ def test_a_node_whose_network_is_cut_is_lost_its_replicas_move_and_its_stale_eng
     assert any(e.startswith(f"lost: neither SSH nor its engines answered for {LOST_AFTER} s") for e in history)
     back = next(e for e in history if e.startswith("back after being lost since "))
     assert all(f"llmgw-{r['name']}" in back for r in on_b), back
+
+
+def test_a_stream_on_a_removed_model_ends_with_done(life):
+    root = life["root"]
+    cli(root, "model", "add", "extra", "--engine", "sim", "--arg=--token-delay", "--arg=0.02")
+    wait_for("extra ready", lambda: any(r["name"] == "extra-0" and r["state"] == "ready"
+                                        for r in replicas(root)), timeout=120)
+    leaving = next(r for r in replicas(root) if r["name"] == "extra-0")
+    got = {}
+
+    def stream():  # 250 tokens at 0.02 s: five seconds
+        with requests.post(leaving["endpoint"] + "/v1/chat/completions", stream=True, timeout=60,
+                           json={"model": "extra", "stream": True, "max_tokens": 250,
+                                 "messages": [{"role": "user", "content": "go"}]}) as resp:
+            got["body"] = resp.content.decode()
+    reader = threading.Thread(target=stream)
+    reader.start()
+    out = cli(root, "model", "remove", "extra")
+    reader.join(60)
+    assert "extra: 1 replica(s) out of routing, finishing their requests" in out.stderr
+    assert "removed model extra" in out.stdout
+    assert got["body"].rstrip().endswith("data: [DONE]") and got["body"].count("data: ") == 253
+    assert not answers(leaving["endpoint"])
+    assert "extra" not in {m["name"] for m in json.loads(cli(root, "models", "--json").stdout)}
