@@ -53,6 +53,7 @@ DEFAULTS = {
         "reserve": "5G",
         "max_rate": "0",
         "keep_unused": "24h",
+        "download_on_node": False,
     },
     "accounts": {
         "signup": "closed",
@@ -199,8 +200,8 @@ def _check_sizes(conf, path):
     try:
         conf["weights"]["reserve_mb"] = modelspec.parse_size(str(conf["weights"]["reserve"]),
                                                              "weights.reserve")
-        conf["weights"]["max_rate_bytes"] = modelspec.parse_size(
-            str(conf["weights"]["max_rate"]), "weights.max_rate") * 1024 * 1024
+        conf["weights"]["max_rate_bytes"] = modelspec.parse_bytes(
+            str(conf["weights"]["max_rate"]), "weights.max_rate")
         keep = str(conf["weights"]["keep_unused"]).strip()
         conf["weights"]["keep_unused_seconds"] = 0 if keep == "0" else \
             nodespec.parse_duration(keep, "weights.keep_unused")

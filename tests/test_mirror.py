@@ -77,7 +77,7 @@ def test_a_fetch_cut_half_way_continues_with_a_range_and_is_verified(app, cli, o
     assert out.exit_code == 0, out.output
     half = len(data) // 2
     assert f"the connection broke at {half} bytes" in out.output
-    assert f"mirrored tiny.gguf: " in out.output and f"sha256 {want} (verified against --sha256)" in out.output
+    assert "mirrored tiny.gguf: " in out.output and f"sha256 {want} (verified against --sha256)" in out.output
     assert src.asked == [("/files/model.gguf", ""), ("/files/model.gguf", f"bytes={half}-")]
     listed = json.loads(cli("mirror", "list", "--json").output)
     assert [(e["name"], e["bytes"], e["sha256"], e["state"], e["in_use_by"]) for e in listed] == \
@@ -125,3 +125,33 @@ def test_the_mirror_page_lists_entries_and_removes_an_unused_one(app, cli, origi
     token = re.search(r'name="csrf_token" value="([^"]+)"', page).group(1)
     done = client.post("/mirror/model.gguf/remove", data={"csrf_token": token}, follow_redirects=True)
     assert "removed model.gguf from the mirror" in done.get_data(as_text=True)
+
+
+def test_a_node_downloading_a_url_model_itself_continues_a_cut_download(app, origin, tmp_path):
+    """weights.download_on_node: the node runs curl; a download cut half-way is kept and the
+    next attempt asks for the rest only; the file is checked against the model's sha256."""
+    import asyncio
+    import shutil
+
+    from llmgw.errors import InstallError
+    from llmgw.executors.transport import LocalTransport
+    from llmgw.services import weights
+    if not shutil.which("curl"):
+        pytest.skip("curl is not installed here")
+    data = write_tiny_gguf(tmp_path / "tiny.gguf").read_bytes()
+    src = origin(data)
+    model = Model.create(name="url", source=src.url, sha256=hashlib.sha256(data).hexdigest())
+    base = tmp_path / "node"
+    seen = []
+
+    def fetch():
+        return asyncio.run(weights.ensure_on_node(LocalTransport(), str(base), model, str(tmp_path / "c"),
+                                                  0, lambda *a: seen.append(a), 0, ["curl"]))
+    with pytest.raises(InstallError, match="what arrived is kept and continued on the next attempt"):
+        fetch()
+    path = fetch()
+    assert open(path, "rb").read() == data
+    half = len(data) // 2
+    assert src.asked == [("/files/model.gguf", ""), ("/files/model.gguf", f"bytes={half}-")]
+    assert seen[-1] == (len(data), len(data), len(data) - half, half)
+    assert not (tmp_path / "c").exists()  # the control plane never downloaded it

@@ -57,3 +57,42 @@ def test_a_gpu_model_is_not_put_on_a_cpu_build_of_llamacpp(fleet, cli, tiny):
     summary = Model.get(Model.name == "g").verdict["summary"]
     assert "gpu-a: llamacpp there is the cpu build, which cannot use GPUs" in summary
     assert Node.select().count() == 3
+
+
+def rows():
+    return {r.name: (r.node.name, r.state) for r in Replica.select().order_by(Replica.name)}
+
+
+def test_a_draining_replica_whose_slot_is_scaled_away_leaves_with_its_replacement(fleet, cli, tiny):
+    cli("model", "add", "c", "--file", tiny, "--replicas", "2")
+    place_now()
+    first = rows()
+    drained_node = first["c-1"][0]
+    Node.update(state="draining").where(Node.name == drained_node).execute()
+    place_now()
+    assert rows()["c-1"] == (drained_node, "draining") and "c-1-g1" in rows()
+    cli("model", "set", "c", "--replicas", "1")
+    place_now()
+    assert rows()["c-1"][1] == "stopping" and rows()["c-1-g1"][1] == "stopping"
+    assert rows()["c-0"][1] != "stopping"  # the slot still wanted stays (draining, if on that node)
+
+
+def test_a_row_told_to_leave_is_never_written_back_by_a_task_that_saw_it_leaving(fleet, cli, tiny):
+    cli("model", "add", "c", "--file", tiny)
+    place_now()
+    row = Replica.get()
+    Replica.update(state="stopping").execute()
+    row.state = "stopping"  # what its task read
+    assert _set(row, "failed", "ssh dropped while stopping it") is False
+    assert _set(row, "ready", "it answered /health") is False
+    assert Replica.get().state == "stopping"
+
+
+def test_two_rows_filling_one_slot_keep_the_newest_generation(fleet, cli, tiny):
+    cli("model", "add", "c", "--file", tiny)
+    place_now()
+    old = Replica.get()
+    Replica.create(name="c-0-g3", slot="c-0", generation=3, model=old.model, node=old.node, port=2,
+                   state="ready")
+    place_now()
+    assert {n: s for n, (_, s) in rows().items()} == {"c-0": "stopping", "c-0-g3": "ready"}

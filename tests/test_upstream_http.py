@@ -406,6 +406,7 @@ def test_https_and_proxied_hosts_stay_on_urllib3(monkeypatch):
     assert http._manager("https", "api.example") is not None
 
 
+@pytest.mark.skipif(not hasattr(socket, "TCP_USER_TIMEOUT"), reason="TCP_USER_TIMEOUT is Linux's")
 def test_connections_to_engines_carry_the_liveness_bound(serve):
     """A host that goes silent must not hold a request for TCP's own minutes: every connection
     is made with keepalive probes and TCP_USER_TIMEOUT set to gateway.engine_liveness."""

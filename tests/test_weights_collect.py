@@ -76,3 +76,16 @@ def test_a_node_s_unused_weight_goes_and_one_in_use_and_one_beside_models_stay(a
     rows = {r["name"]: r for r in json.loads(cli("weights", "local", "--json").output)}
     assert rows[mine]["why"].startswith("unused for 0 s; collected after 1800 s")
     assert Node.get().weights_seen[mine] > hour_ago
+
+
+def test_node_path_weights_under_models_are_never_collected(app, tmp_path):
+    node = asyncio.run(nodes.add_local_node("local", str(tmp_path / "node")))
+    shared = tmp_path / "node" / "models" / "shared-qwen"
+    shared.mkdir(parents=True)
+    (shared / "config.json").write_text("{}")
+    Model.create(name="np", engine="vllm", source=str(shared), on_nodes=True, gpus=1)
+    long_ago = time.time() - 10 * 86400
+    os.utime(shared, (long_ago, long_ago))
+    (verdict,) = asyncio.run(collect.look(node, LocalTransport(), 60))
+    assert (verdict.entry.name, verdict.collect, verdict.why) == \
+        ("shared-qwen", False, "in use by np (--node-path)")

@@ -100,10 +100,13 @@ class LocalTransport(Transport):
         if found > os.path.getsize(local_path):
             found = 0
         fd = os.open(remote_path, os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if not found else 0), 0o644)
+        turn = asyncio.Lock()
+
+        async def write(data, offset):
+            async with turn:  # in order, one at a time: a file on a local disk needs no window
+                await asyncio.to_thread(os.pwrite, fd, data, offset)
         try:
-            return await pump(local_path, found,
-                              lambda data, offset: asyncio.to_thread(os.pwrite, fd, data, offset),
-                              progress, max_rate)
+            return await pump(local_path, found, write, progress, max_rate)
         finally:
             os.close(fd)
 
@@ -115,7 +118,10 @@ WINDOW = 8  # this many in flight at once (SFTP writes each wait for their own a
 async def pump(local_path, found, write, progress=None, max_rate=0):
     """Write local_path's bytes from offset `found` on with write(data, offset); see send()."""
     total = os.path.getsize(local_path)
-    pos = found = found if 0 <= found <= total else 0
+    # The blocks of one window are written in any order, so a copy killed mid-window may have
+    # left a hole below its last byte: the last window's worth is written again.
+    found = max(0, found - WINDOW * BLOCK) if 0 <= found <= total else 0
+    pos = found
     sent, started = 0, time.monotonic()
     if progress:
         progress(pos, total, 0)

@@ -66,6 +66,16 @@ def parse_size(text, flag):
     return int(float(m.group(1)) * UNIT_MIB[m.group(2).upper()])
 
 
+def parse_bytes(text, flag):
+    """Return bytes from '512K', '100M', '1G' ('0' means none); the units of parse_size."""
+    text = str(text).strip()
+    if text in ("0", ""):
+        return 0
+    parse_size(text, flag)  # the same refusals, worded the same
+    m = SIZE.match(text)
+    return int(float(m.group(1)) * UNIT_MIB[m.group(2).upper()] * 1024 * 1024)
+
+
 def parse_classes(value, flag="--gpu-class"):
     """Return a tuple of class names from 'h100-80g,a100-80g' or a list of them."""
     if not isinstance(value, (str, list, tuple)) or \

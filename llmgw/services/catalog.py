@@ -303,8 +303,9 @@ async def remove(conf, name, force=False, said=lambda text: None, now=False):
         raise LlmgwError(f"{', '.join(m.name for m in users)} name(s) {name!r} as a fallback; change "
                          f"them first (model set M --fallback …), or remove it anyway with --force, "
                          f"which takes it off their fallback lists.")
+    drained = 0
     if not now and model.replica_rows.count() and leader.someone_leads(conf):
-        await _drain_model(conf, model, said)
+        drained = await _drain_model(conf, model, said)
     units = [(r.unit, r.node, r.supervisor or launch.supervisor_for(r.node.facts or {}))
              for r in model.replica_rows]
     with database.atomic():
@@ -323,35 +324,45 @@ async def remove(conf, name, force=False, said=lambda text: None, now=False):
                         f"stops it when the node answers again")
         finally:
             await t.close()
+    if drained:
+        stopped.insert(0, f"{drained} replica(s) once their requests were done")
     return stopped, left
 
 
 async def _drain_model(conf, model, said):
     """Scale a model being removed to 0 and wait while the reconciler stops its replicas."""
     r, g = conf["reconciler"], conf["gateway"]
+    before = Replica.select().where(Replica.model == model).count()
     Model.update(replicas=0).where(Model.id == model.id).execute()
-    patience = r["stop_grace"] + g["route_cache_seconds"] + 3 * r["interval"] + 30
+    patience = max([r["stop_grace"]] + [n.drain_timeout for n in Node.select(Node.drain_timeout)]) \
+        + g["route_cache_seconds"] + 3 * r["interval"] + 30
     deadline = time.monotonic() + patience
     told = None
-    while time.monotonic() < deadline:
-        left = Replica.select().where(Replica.model == model).count()
-        if not left:
-            return
-        if left != told:
-            said(f"{model.name}: {left} replica(s) out of routing, finishing their requests "
-                 f"(up to reconciler.stop_grace, {r['stop_grace']} s)")
-            told = left
-        await asyncio.sleep(0.5)
+    try:
+        while time.monotonic() < deadline:
+            left = Replica.select().where(Replica.model == model).count()
+            if not left:
+                return before
+            if left != told:
+                said(f"{model.name}: {left} replica(s) out of routing, finishing their requests "
+                     f"(up to reconciler.stop_grace, {r['stop_grace']} s, or a drain's timeout)")
+                told = left
+            await asyncio.sleep(0.5)
+    except BaseException:
+        # Interrupted (Ctrl-C): the model stays, with the replicas it had.
+        Model.update(replicas=model.replicas).where(Model.id == model.id).execute()
+        raise
     said(f"{model.name}: the reconciler did not stop every replica within {patience} s; the rest "
          f"are stopped now")
+    return before - Replica.select().where(Replica.model == model).count()
 
 
 def _unchanged(row, spec):
     """Return whether a row already holds a declared spec (a file is not hashed again for it)."""
-    have = spec_of(row)
+    have = spec_of(row).with_changes(manifest=())  # a declared table names no manifest
     if not spec.sha256:
         have = have.with_changes(sha256="")
-    return have == spec.with_changes(source=_normal_source(spec))
+    return have == spec.with_changes(source=_normal_source(spec), manifest=())
 
 
 def _normal_source(spec):
@@ -380,6 +391,9 @@ def sync_declared(conf):
         if row is not None and row.origin == "file" and _unchanged(row, spec):
             continue
         known = row.sha256 if row is not None and row.source == _normal_source(spec) else ""
+        if known and row.manifest:
+            # The same directory as before: its manifest stands, its files are not hashed again.
+            spec = spec.with_changes(manifest=tuple(tuple(e) for e in row.manifest))
         try:
             checked, est, warnings = prepare(spec, known)
         except (LlmgwError, OSError) as e:

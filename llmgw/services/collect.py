@@ -2,7 +2,7 @@
 import posixpath
 import time
 
-from ..models import Node, NodeEvent, Replica
+from ..models import Model, Node, NodeEvent, Replica
 from ..plans import weights_gc
 from . import weights
 from .progress import human_bytes
@@ -20,6 +20,12 @@ def models_dir(node):
 def users_on(node):
     """Return {entry name: [replica names]} for the weights the node's replicas use or fetch."""
     out = {}
+    # Weights named with --node-path are the operator's wherever they are: never collected,
+    # even one that happens to lie under <base>/models.
+    inside = models_dir(node).rstrip("/") + "/"
+    for m in Model.select(Model.name, Model.source).where(Model.on_nodes == True):  # noqa: E712
+        if m.source.startswith(inside):
+            out.setdefault(m.source[len(inside):].split("/")[0], []).append(f"{m.name} (--node-path)")
     rows = Replica.select().where((Replica.node == node) & (Replica.state != "lost"))
     for r in rows:
         m = r.model

@@ -35,6 +35,10 @@ class LostWatch:
         node.lost_since = utcnow()
         if Node.update(lost_since=node.lost_since).where(
                 (Node.id == node.id) & Node.lost_since.is_null()).execute():
+            # Rows already leaving are not moved by placement: lost now too, out of routing.
+            Replica.update(state="lost", updated=utcnow(),
+                           detail="its node was lost while it was leaving; stopped when it is back") \
+                .where((Replica.node == node) & Replica.state.in_(("draining", "stopping"))).execute()
             log_event(node, f"lost: neither SSH nor its engines answered for {self.after} s (last: "
                             f"{node.last_error or 'no answer'}); its replicas are placed "
                             f"elsewhere, and its engines are stopped when it is back")
@@ -49,8 +53,11 @@ def distrust(node):
     detail = (f"out of routing: {node.addr} offers a host key other than the pinned one; re-pin it "
               f"with `flask llmgw add-node {node.name} --repin` once you know the machine is ours")
     Replica.update(state="unhealthy", updated=utcnow(), detail=detail) \
-        .where((Replica.node == node) & (Replica.state.in_(("ready", "starting", "unhealthy", "draining")))
+        .where((Replica.node == node) & (Replica.state.in_(("ready", "starting", "unhealthy")))
                & (Replica.detail != detail)).execute()
+    # A draining one leaves for good (its slot has or gets a row elsewhere), out of routing.
+    Replica.update(state="stopping", updated=utcnow(), detail="leaving: " + detail) \
+        .where((Replica.node == node) & (Replica.state == "draining")).execute()
 
 
 def drained(node):

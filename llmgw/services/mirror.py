@@ -24,7 +24,8 @@ RETRIES = 5  # a connection that breaks mid-way is resumed this many times in on
 
 
 def root(conf):
-    return Path(conf["engines"]["cache"]) / "mirror"
+    # Resolved: models store the resolved path of their file, and are matched against it.
+    return (Path(conf["engines"]["cache"]) / "mirror").resolve()
 
 
 def check_name(name):

@@ -35,9 +35,11 @@ def progress_text(r):
     if not p:
         return ""
     total = p.get("total") or 0
-    pct = int(100 * p["done"] / total) if total else 0
-    text = (f"copying {human_bytes(p['done'])} of {human_bytes(total)} ({pct}%), "
-            f"{human_bytes(p.get('rate', 0))}/s")
+    if total:
+        text = (f"copying {human_bytes(p['done'])} of {human_bytes(total)} "
+                f"({int(100 * p['done'] / total)}%), {human_bytes(p.get('rate', 0))}/s")
+    else:  # the node downloads it and the size is not known here
+        text = f"downloaded {human_bytes(p['done'])} on the node, {human_bytes(p.get('rate', 0))}/s"
     if p.get("eta"):
         text += f", {p['eta']} s left"
     if p.get("resumed_from"):

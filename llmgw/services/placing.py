@@ -48,7 +48,9 @@ def current_rows(replicas):
     drain was called off, is taken back rather than a new engine started beside it.
     """
     current, back = {}, {}
-    for r in replicas:
+    # Newest generation last, so that it wins should two rows fill one slot (the other is then
+    # marked to leave); the same on every database, whatever order rows come back in.
+    for r in sorted(replicas, key=lambda r: (r.generation, r.id)):
         slot = r.slot or r.name
         if r.state not in LEAVING:
             current[slot] = r
@@ -107,6 +109,8 @@ class Applier:
         self.models = models
         self.replicas = replicas
         self.current = current_rows(replicas)
+        self.extra = {r.id for r in replicas if r.state not in LEAVING
+                      and self.current.get(r.slot or r.name) is not r}
         self.draining = {r.slot or r.name: r for r in replicas if r.state == "draining"}
         self.generations = {}
         for r in replicas:
@@ -137,8 +141,10 @@ class Applier:
                 self._replaced(model, slot, row, claim, result.replaced[slot], result)
             elif claim is not None:
                 self._claimed(model, slot, row, claim)
-        for row in [r for r in self.replicas if r.model_id == model.id
-                    and (r.slot or r.name) not in names and r.state not in LEAVING]:
+        for row in [r for r in self.replicas if r.model_id == model.id and r.state != "stopping"
+                    and r.state != "lost" and ((r.slot or r.name) not in names or r.id in self.extra)]:
+            # A slot no longer wanted (or a second row filling one slot): whatever it was doing,
+            # draining included (no replacement comes for a slot that is gone), it leaves.
             # Out of routing now (only ready replicas are routed to); its replicas task
             # stops it once it is idle or its grace is over, then forgets it.
             _leave(row, "stopping", "leaving: the model has fewer replicas; stopped once its "

@@ -18,16 +18,17 @@ class Progress:
 
     def tell(self, done, total, sent, found):
         now = time.monotonic()
-        if self.finished or now - self.written < self.EVERY and done < total:
+        whole = total > 0 and done >= total
+        if self.finished or now - self.written < self.EVERY and not whole:
             return
         self.written = now
         elapsed = max(now - self.started, 1e-3)
         rate = sent / elapsed
-        eta = int((total - done) / rate) if rate > 0 and done < total else 0
+        eta = int((total - done) / rate) if rate > 0 and total > done else 0
         value = {"done": done, "total": total, "sent": sent, "resumed_from": found,
                  "rate": int(rate), "eta": eta}
         Replica.update(progress=value).where(self.where(self.replica)).execute()
-        if done >= total:
+        if whole:
             self.finished = True
             NodeEvent.create(node=self.node, text=(
                 f"{self.replica.name}: {self.replica.model.name}'s weights copied, "

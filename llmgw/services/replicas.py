@@ -80,6 +80,10 @@ async def check_over_http(rows):
             elif not ok and r.state == "ready":
                 _set(r, "unhealthy", f"{r.endpoint}/health stopped answering, and its node is "
                                      f"unreachable over SSH")
+            elif not ok and r.state == "draining":
+                # Out of routing; it is stopped for good when its node answers SSH again.
+                _set(r, "stopping", f"leaving: {r.endpoint}/health stopped answering while it "
+                                    f"was draining, and its node is unreachable over SSH")
     return answered
 
 
@@ -107,7 +111,11 @@ def _set(replica, state, detail="", **fields):
     """
     values = dict(state=state, detail=detail, updated=utcnow(), **fields)
     was = replica.state
-    written = Replica.update(**values).where(_still_there(replica)).execute()
+    where = _still_there(replica)
+    if state not in LEAVING:
+        # A row on its way out never comes back to serve: its slot has, or gets, another row.
+        where &= Replica.state.not_in(LEAVING)
+    written = Replica.update(**values).where(where).execute()
     if written:
         for k, v in values.items():
             setattr(replica, k, v)
@@ -163,7 +171,7 @@ class NodeReplicas:
         try:
             await self._step(replica, is_running)
         except NodeError as e:
-            if replica.state in ("ready", "unhealthy"):
+            if replica.state in ("ready", "unhealthy", *LEAVING):
                 # SSH trouble says nothing about the engine, which HTTP still checks.
                 log.warning("replica %s: %s", replica.name, e)
                 return
@@ -171,6 +179,9 @@ class NodeReplicas:
         except Exception as e:
             if not isinstance(e, (LlmgwError, OSError)):
                 log.exception("replica %s", replica.name)
+            if replica.state in LEAVING:
+                log.warning("replica %s (%s): %s", replica.name, replica.state, e)
+                return  # tried again next pass; it never turns 'failed' and so back into a slot
             _set(replica, "failed", str(e) or type(e).__name__, failures=replica.failures + 1)
 
     async def back(self, units):
@@ -224,6 +235,14 @@ class NodeReplicas:
                  failures=0, supervisor=replica.supervisor or self.supervisor)
         elif action == "unhealthy":
             _set(replica, "unhealthy", f"{replica.endpoint}/health stopped answering")
+        elif action == "adopt" and not replica.spec:
+            # Running under this name, but never started for this row: a stale engine left
+            # by a replica of the same name (a model removed and added again while its node
+            # was out of reach). Started afresh, never adopted.
+            await self.stop(replica)
+            NodeEvent.create(node=self.node, text=f"stopped a stale {replica.unit} that this row "
+                                                  f"never started; starting it afresh")
+            await self.start(replica)
         elif action == "adopt":
             _set(replica, "starting", "found its engine running; waiting for /health",
                  supervisor=replica.supervisor or self.supervisor)
@@ -332,7 +351,7 @@ class NodeReplicas:
             path = await weights.ensure_on_node(self.t, self.node.base_dir, model,
                                                 self.conf["engines"]["cache"], w["reserve_mb"],
                                                 Progress(replica, self.node, _still_there).tell,
-                                                w["max_rate_bytes"])
+                                                w["max_rate_bytes"], self._node_tools())
         if not Replica.select().where(_still_there(replica)).exists():
             return  # removed or moved while its file was copied: the next pass starts it where it is
         await self.t.run(launch.stop_argv(self.supervisor, replica.unit, self.node.base_dir))
@@ -346,6 +365,12 @@ class NodeReplicas:
                                   f"waiting for /health",
              supervisor=self.supervisor, endpoint=endpoint_of(self.node, replica.port),
              spec=spec_of(model, install, replica), progress=None)
+
+    def _node_tools(self):
+        """The node's download tools when it fetches URL models itself, else None."""
+        if not self.conf["weights"]["download_on_node"]:
+            return None
+        return (self.node.facts or {}).get("tools", [])
 
     def _serve(self, replica, model, install, path):
         # The control plane reaches a local node on loopback; nothing else should.

@@ -71,11 +71,13 @@ copies = {}
 
 
 async def ensure_on_node(transport, base_dir, model, cache_dir, reserve_mb=0, progress=None,
-                         max_rate=0):
+                         max_rate=0, node_tools=None):
     """Put the model's weights on the node unless an intact copy is there; return their path.
 
     reserve_mb: room the node's filesystem must keep free after the copy (weights.reserve).
-    progress(done, total, sent, found): bytes of the whole copy, as it goes.
+    progress(done, total, sent, found): bytes of the whole copy, as it goes (total 0: unknown).
+    node_tools: with weights.download_on_node, the node's download tools (curl, wget): a URL
+    model with a known sha256 is then fetched by the node itself.
     """
     if not model.source:
         return ""
@@ -88,7 +90,54 @@ async def ensure_on_node(transport, base_dir, model, cache_dir, reserve_mb=0, pr
     async with lock:
         if model.manifest:
             return await _ensure_tree(transport, model, path, reserve_mb, progress, max_rate)
+        if node_tools is not None and model.sha256 and check_source(model.source)[0] == "url":
+            return await _download_on_node(transport, model, path, node_tools, progress)
         return await _ensure_file(transport, model, path, cache_dir, reserve_mb, progress, max_rate)
+
+
+async def _download_on_node(transport, model, path, tools, progress):
+    """Let the node fetch a URL model itself, continuing a .partial; check its sha256."""
+    have = await transport.run(["sha256sum", path], timeout=LONG_FILE_SECONDS)
+    if have.ok and have.stdout.split()[:1] == [model.sha256]:
+        return path
+    part = path + ".partial"
+    if "curl" in tools:
+        argv = ["curl", "-fsSL", "--retry", "3", "-C", "-", "-o", part, model.source]
+    elif "wget" in tools:
+        argv = ["wget", "-q", "-c", "-O", part, model.source]
+    else:
+        raise InstallError("the node has neither curl nor wget to download the model with; install "
+                           "one, or set weights.download_on_node = false to copy from the control plane")
+    await transport.check(["mkdir", "-p", posixpath.dirname(path)])
+    found = (await _present(transport, posixpath.dirname(path))).get(posixpath.basename(part), 0)
+    watch = asyncio.create_task(_watch_download(transport, part, found, progress))
+    try:
+        fetched = await transport.run(argv, timeout=LONG_FILE_SECONDS)
+    finally:
+        watch.cancel()
+    hashed = await transport.run(["sha256sum", part], timeout=LONG_FILE_SECONDS)
+    got = hashed.stdout.split()[:1]
+    if got != [model.sha256]:
+        if fetched.ok:  # whole, and wrong: the next attempt starts afresh
+            await transport.run(["rm", "-f", part])
+            raise InstallError(f"{model.source} downloaded on the node does not match its sha256 "
+                               f"(got {(got or ['?'])[0][:12]}…, expected {model.sha256[:12]}…)")
+        raise InstallError(f"downloading {model.source} on the node failed (exit "
+                           f"{fetched.exit_status}): {fetched.tail()}; what arrived is kept and "
+                           f"continued on the next attempt")
+    await transport.check(["mv", part, path], timeout=LONG_FILE_SECONDS)
+    if progress is not None:
+        size = (await _present(transport, posixpath.dirname(path))).get(posixpath.basename(path), 0)
+        progress(size, size, size - found, found)
+    return path
+
+
+async def _watch_download(transport, part, found, progress):
+    """Report a node-side download's size once a second (its total is not known here)."""
+    while progress is not None:
+        await asyncio.sleep(1)
+        size = (await _present(transport, posixpath.dirname(part))).get(posixpath.basename(part), found)
+        progress(size, 0, size - found, found)
 
 
 async def _ensure_file(transport, model, path, cache_dir, reserve_mb, progress, max_rate):
