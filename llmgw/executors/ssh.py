@@ -152,8 +152,7 @@ class SSHTransport(Transport):
         target = remote_path
         if self.sudo:
             stage = posixpath.join(posixpath.dirname(remote_path), ".llmgw-upload")
-            await self.check(["sh", "-c", 'mkdir -p "$0" && chown "$1" "$0" && chmod 700 "$0"',
-                              stage, self.user], what="preparing the upload directory")
+            await self._prepare_stage(stage)
             target = posixpath.join(stage, secrets.token_hex(8))
         try:
             try:
@@ -165,8 +164,7 @@ class SSHTransport(Transport):
                                 f"{e}. Check that the SFTP subsystem of sshd on {self.addr} is "
                                 f"enabled.") from e
             if self.sudo:
-                await self.check(["sh", "-c", 'mv -f "$0" "$1" && chown 0:0 "$1"', target, remote_path],
-                                 timeout=LONG_FILE_SECONDS, what=f"moving the upload into {remote_path}")
+                await self._move_in(target, remote_path)
         finally:
             if self.sudo:
                 await self.run(["rm", "-f", target])  # nothing left behind when a copy fails
@@ -178,8 +176,7 @@ class SSHTransport(Transport):
         stage = posixpath.join(posixpath.dirname(remote_path), ".llmgw-upload")
         target = posixpath.join(stage, posixpath.basename(remote_path)) if self.sudo else remote_path
         if self.sudo:
-            await self.check(["sh", "-c", 'mkdir -p "$0" && chown "$1" "$0" && chmod 700 "$0"',
-                              stage, self.user], what="preparing the upload directory")
+            await self._prepare_stage(stage)
         try:
             async with self._sessions:
                 async with conn.start_sftp_client() as sftp:
@@ -196,9 +193,17 @@ class SSHTransport(Transport):
                             f"{e or type(e).__name__}; the next attempt continues where it "
                             f"stopped") from e
         if self.sudo:
-            await self.check(["sh", "-c", 'mv -f "$0" "$1" && chown 0:0 "$1"', target, remote_path],
-                             timeout=LONG_FILE_SECONDS, what=f"moving the upload into {remote_path}")
+            await self._move_in(target, remote_path)
         return done
+
+    async def _prepare_stage(self, stage):
+        """A directory the SSH user may write (sudo nodes), beside the target: same filesystem."""
+        await self.check(["sh", "-c", 'mkdir -p "$0" && chown "$1" "$0" && chmod 700 "$0"',
+                          stage, self.user], what="preparing the upload directory")
+
+    async def _move_in(self, staged, remote_path):
+        await self.check(["sh", "-c", 'mv -f "$0" "$1" && chown 0:0 "$1"', staged, remote_path],
+                         timeout=LONG_FILE_SECONDS, what=f"moving the upload into {remote_path}")
 
     async def _drop(self):
         if self._conn is not None:

@@ -411,8 +411,10 @@ def test_fewer_replicas_and_a_removed_model_free_their_cards(fleet):
             ["systemctl", "is-active", f"llmgw-{r['name']}"]).stdout.strip() != "active", 60)
 
     (tp4,) = replicas_of(root, "tp4")
-    out = cli(root, "model", "remove", "tp4").stdout
-    assert "removed model tp4; stopped llmgw-tp4-0 on gpu-a" in out, out
+    done = cli(root, "model", "remove", "tp4")
+    # A reconciler runs: the replica leaves routing and is stopped once idle, then forgotten.
+    assert "tp4: 1 replica(s) out of routing, finishing their requests" in done.stderr, done.stderr
+    assert "removed model tp4; stopped 1 replica(s) once their requests were done" in done.stdout
     cards = cards_by_uuid(root)
     assert [cards[u]["claimed_by"] for u in tp4["gpu_uuids"]] == [[], [], [], []]
     assert fleet["gpu-a"].exec(["systemctl", "is-active", "llmgw-tp4-0"]).stdout.strip() != "active"

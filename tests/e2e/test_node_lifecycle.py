@@ -127,6 +127,21 @@ def our_units(node):
     return [line.split()[0] for line in out.stdout.splitlines() if line.strip()]
 
 
+def five_second_stream(endpoint, model):
+    """Read a 250-token stream (0.02 s a token) straight from one engine in a thread; return
+    the thread and the dict its body lands in."""
+    got = {}
+
+    def stream():
+        with requests.post(endpoint + "/v1/chat/completions", stream=True, timeout=60,
+                           json={"model": model, "stream": True, "max_tokens": 250,
+                                 "messages": [{"role": "user", "content": "go"}]}) as resp:
+            got["body"] = resp.content.decode()
+    reader = threading.Thread(target=stream)
+    reader.start()
+    return reader, got
+
+
 def answers(endpoint):
     try:
         return requests.get(endpoint + "/health", timeout=2).status_code == 200
@@ -161,15 +176,7 @@ def test_a_stream_on_the_replica_scaled_away_ends_with_done(life):
     root = life["root"]
     wait_for("four ready replicas", lambda: sum(placed(root).values()) == 4, timeout=120)
     leaving = next(r for r in replicas(root) if r["name"] == "demo-3")
-    got = {}
-
-    def stream():  # 250 tokens at 0.02 s: five seconds on the replica that goes
-        with requests.post(leaving["endpoint"] + "/v1/chat/completions", stream=True, timeout=60,
-                           json={"model": "demo", "stream": True, "max_tokens": 250,
-                                 "messages": [{"role": "user", "content": "go"}]}) as resp:
-            got["body"] = resp.content.decode()
-    reader = threading.Thread(target=stream)
-    reader.start()
+    reader, got = five_second_stream(leaving["endpoint"], "demo")
     cli(root, "model", "set", "demo", "--replicas", "3")
     reader.join(60)
     assert got["body"].rstrip().endswith("data: [DONE]")
@@ -228,15 +235,7 @@ def test_a_stream_on_a_removed_model_ends_with_done(life):
     wait_for("extra ready", lambda: any(r["name"] == "extra-0" and r["state"] == "ready"
                                         for r in replicas(root)), timeout=120)
     leaving = next(r for r in replicas(root) if r["name"] == "extra-0")
-    got = {}
-
-    def stream():  # 250 tokens at 0.02 s: five seconds
-        with requests.post(leaving["endpoint"] + "/v1/chat/completions", stream=True, timeout=60,
-                           json={"model": "extra", "stream": True, "max_tokens": 250,
-                                 "messages": [{"role": "user", "content": "go"}]}) as resp:
-            got["body"] = resp.content.decode()
-    reader = threading.Thread(target=stream)
-    reader.start()
+    reader, got = five_second_stream(leaving["endpoint"], "extra")
     out = cli(root, "model", "remove", "extra")
     reader.join(60)
     assert "extra: 1 replica(s) out of routing, finishing their requests" in out.stderr
