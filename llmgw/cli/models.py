@@ -5,7 +5,7 @@ from ..errors import LlmgwError
 from ..models import Model
 from ..plans import modelspec
 from ..plans.modelspec import ModelSpec, SpecError
-from ..services import catalog, placing
+from ..services import catalog, model_removal, placing
 from ..services.model_views import model_view, needs_text
 from . import conf, echo_json, llmgw, root_option, run_async
 
@@ -144,7 +144,7 @@ def _after_change(row, warnings):
 @root_option
 def model_remove(name, force, now):
     """Take a model's replicas out of routing, stop them once their requests are done, forget it."""
-    stopped, left = run_async(catalog.remove(conf(), name, force, lambda t: click.echo(t, err=True), now))
+    stopped, left = run_async(model_removal.remove(conf(), name, force, lambda t: click.echo(t, err=True), now))
     click.echo(f"removed model {name}" + (f"; stopped {', '.join(stopped)}" if stopped else "; no replica was running"))
     for line in left:
         click.echo(f"warning: {line}", err=True)

@@ -16,6 +16,7 @@ from ..plans.placement import free_port
 from ..plans.replica_state import LEAVING, next_step, retry_delay
 from . import logs, weights
 from .progress import Progress
+from .serving import serve_of
 
 log = logging.getLogger("llmgw.replicas")
 
@@ -356,7 +357,7 @@ class NodeReplicas:
             return  # removed or moved while its file was copied: the next pass starts it where it is
         await self.t.run(launch.stop_argv(self.supervisor, replica.unit, self.node.base_dir))
         await self._take_free_port(replica)
-        serve = self._serve(replica, model, install, path)
+        serve = serve_of(self.node, replica, model, install, path)
         argv = launch.start_argv(self.supervisor, replica.unit, launch.engine_argv(serve),
                                  self.node.base_dir, launch.gpu_env(serve))
         await self.t.check(argv, what=f"starting {replica.unit}")
@@ -371,35 +372,6 @@ class NodeReplicas:
         if not self.conf["weights"]["download_on_node"]:
             return None
         return (self.node.facts or {}).get("tools", [])
-
-    def _serve(self, replica, model, install, path):
-        # The control plane reaches a local node on loopback; nothing else should.
-        host = "127.0.0.1" if self.node.transport == "local" else "0.0.0.0"
-        return launch.Serve(
-            engine=model.engine, binary=install.binary, model_path=path, model_name=model.name,
-            port=replica.port, args=tuple(model.args or ()), host=host,
-            cards=tuple(replica.gpu_uuids or ()), card_indexes=self._indexes_now(replica),
-            context=model.context,
-            card_fraction=self._card_fraction(replica), cuda=install.variant.startswith("cuda"))
-
-    def _indexes_now(self, replica):
-        """Return the claimed cards' indexes as the node's nvidia-smi numbers them now."""
-        now = {g.get("uuid"): g.get("index") for g in (self.node.facts or {}).get("gpus", [])}
-        missing = [u for u in replica.gpu_uuids or [] if now.get(u) is None]
-        if missing:
-            raise LlmgwError(f"{', '.join(missing)} is no longer reported by nvidia-smi on "
-                             f"{self.node.name}; placement moves the replica to other cards")
-        return tuple(now[u] for u in replica.gpu_uuids or [])
-
-    def _card_fraction(self, replica):
-        """Return how much of its card(s) the engine may take: its share, or 0.9 of whole ones."""
-        if not replica.gpu_uuids:
-            return 0.0
-        if not replica.gpu_memory_mb:
-            return 0.9
-        cards = {g.get("uuid"): g for g in (self.node.facts or {}).get("gpus", [])}
-        total = (cards.get(replica.gpu_uuids[0]) or {}).get("memory_mib") or 0
-        return int(100 * replica.gpu_memory_mb / total) / 100 if total else 0.0
 
     async def _take_free_port(self, replica):
         """Move the replica to another port when something else on the node listens on its own."""
