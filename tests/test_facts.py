@@ -36,3 +36,14 @@ def test_file_log_output_resumes_after_what_was_read():
 def test_journal_argv_follows_a_cursor():
     assert journal.journal_argv("llmgw-a", 10, "s=1")[-2:] == ["--after-cursor", "s=1"]
     assert journal.journal_argv("llmgw-a", 10)[-2:] == ["-n", "10"]
+
+
+def test_a_port_counts_as_taken_when_anything_but_time_wait_holds_it():
+    from llmgw.facts import ports
+    text = """  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:4650 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1
+   1: 0100007F:9C40 0100007F:4650 01 00000000:00000000 00:00000000 00000000     0        0 2 1
+   2: 0100007F:9C41 0100007F:4650 06 00000000:00000000 03:00000000 00000000     0        0 0 3
+"""
+    # 18000 listens; 40000 is the source port of a connection; 40001 only lingers in TIME_WAIT.
+    assert ports.parse_taken(text) == {18000, 40000}

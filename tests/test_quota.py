@@ -35,12 +35,43 @@ def test_budget_slots_and_resets_follow_the_period():
     assert quota.seconds_to_next_minute(NOW) == 45
 
 
-def test_the_worst_case_is_the_prompt_estimate_plus_max_tokens():
+def test_the_worst_case_is_the_prompt_bound_plus_max_tokens():
     prompt, completion = quota.worst_case({"messages": [{"role": "user", "content": "x" * 30}],
                                            "max_tokens": 7}, 512)
-    assert completion == 7 and prompt >= 10
+    assert completion == 7 and prompt >= 30
     assert quota.worst_case({"prompt": "hi"}, 512)[1] == 512
     assert quota.worst_case({"input": "embed me"}, 512)[1] == 0
+
+
+@pytest.mark.parametrize("text", ["你好世界，今天天气很好。" * 20, "🙂🚀🎉" * 50, "x = [i**2 for i in r]\n" * 30,
+                                  "plain English words, a sentence or two. " * 10])
+def test_the_prompt_bound_holds_for_any_script_even_at_a_token_per_byte(text):
+    body = {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": text}]}
+    bound = quota.prompt_bound(body)
+    # The worst any tokenizer does: one token per byte of the text, plus the template's own.
+    assert bound >= len(("be brief" + text).encode("utf-8")) + 2 * quota.TEMPLATE_PER_MESSAGE
+    # What is billed when the engine gave no count is a likely figure, never above the bound.
+    assert 0 < quota.estimate_prompt_tokens(body) <= bound
+
+
+def test_every_part_of_a_prompt_counts_tools_parts_token_arrays_and_lists():
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"q": "x" * 400}}}]
+    without = quota.prompt_bound({"messages": [{"role": "user", "content": "hi"}]})
+    assert quota.prompt_bound({"messages": [{"role": "user", "content": "hi"}], "tools": tools}) > without + 400
+    parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "y" * 300}]}]}
+    assert quota.prompt_bound(parts) > 300
+    assert quota.prompt_bound({"input": ["aa", "bbb", "猫"]}) >= 2 + 3 + 3
+    assert quota.prompt_bound({"input": [1, 2, 3, 4]}) >= 4
+    assert quota.prompt_bound({"input": [[1, 2], [3, 4, 5]]}) >= 5
+    assert quota.prompt_bound({"prompt": ["one", "two"]}) >= 6
+
+
+def test_n_and_best_of_multiply_the_completion_and_a_missing_cap_takes_the_default():
+    assert quota.worst_case({"prompt": "p", "max_tokens": 10, "n": 4}, 512)[1] == 40
+    assert quota.worst_case({"prompt": "p", "max_tokens": 10, "n": 2, "best_of": 5}, 512)[1] == 50
+    assert quota.worst_case({"prompt": "p", "max_completion_tokens": 9, "max_tokens": 99}, 512)[1] == 9
+    assert quota.worst_case({"messages": [], "n": 3}, 100)[1] == 300
+    assert quota.worst_case({"messages": [], "max_tokens": 0}, 100)[1] == 100
 
 
 @pytest.fixture
@@ -131,3 +162,23 @@ def test_a_model_without_a_replica_is_served_by_its_fallback_and_says_so(served,
     refused = client.post("/v1/chat/completions", headers={"Authorization": f"Bearer {only_big}"},
                           json={"model": "big", "messages": [{"role": "user", "content": "hi"}]})
     assert refused.status_code == 503  # the fallback is not a model this key may use
+
+
+def test_a_request_without_max_tokens_is_sent_the_cap_it_was_reserved_for(local_sim, client):
+    """The engine, left to itself, would generate 2,000 tokens: it is told the default cap."""
+    made = local_sim("0")
+    Model.update(args=["--token-delay", "0", "--default-tokens", "2000"]).execute()
+    client.application.config["LLMGW"]["limits"]["default_max_tokens"] = 24
+    node = made["node"]
+    reconcile(made["conf"], lambda: bool(node.replicas.count()) and all(r.state == "ready" for r in node.replicas))
+    body = {"model": "demo", "messages": [{"role": "user", "content": "hi"}]}
+    got = client.post("/v1/chat/completions", headers=made["headers"], json=body).get_json()
+    assert got["usage"]["completion_tokens"] == 24
+    many = client.post("/v1/chat/completions", headers=made["headers"], json=dict(body, n=3)).get_json()
+    assert len(many["choices"]) == 3 and many["usage"]["completion_tokens"] == 72
+    streamed = client.post("/v1/chat/completions", headers=made["headers"], buffered=True,
+                           json=dict(body, stream=True, n=2)).get_data(as_text=True)
+    contents = [e for e in streamed.split("\n\n") if '"content": "' in e and '"content": ""' not in e]
+    assert len(contents) == 48 and streamed.rstrip().endswith("data: [DONE]")
+    settle_now(client.application)
+    assert [u.completion_tokens for u in Usage.select().order_by(Usage.id)] == [24, 72, 48]

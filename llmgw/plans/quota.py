@@ -1,5 +1,6 @@
 """Limits and money, pure: which limits bind a request, its worst case, and the windows it counts in."""
 import datetime
+import json
 import math
 from dataclasses import dataclass
 
@@ -89,21 +90,91 @@ def cost(prompt_tokens, completion_tokens, price):
 
 
 def estimate_prompt_tokens(body):
-    """Return a generous estimate of a request's prompt tokens (about 3 characters a token)."""
-    if "messages" in body:
-        text = "".join(str(m.get("content", "")) if isinstance(m, dict) else str(m)
-                       for m in body.get("messages") or [])
-        overhead = 4 * len(body.get("messages") or [])
-    else:
-        text = str(body.get("prompt", body.get("input", "")))
-        overhead = 0
+    """Return a likely count of a request's prompt tokens (about 3 characters a token).
+
+    What is billed for a stream cut short before the engine said its count; never what is
+    reserved, which is prompt_bound().
+    """
+    text = _prompt_text(body)
+    overhead = 4 * len(body.get("messages") or []) if "messages" in body else 0
     return math.ceil(len(text) / 3) + overhead + 1
+
+
+# A chat template wraps each message in a few tokens of its own (role markers, separators),
+# and the whole in a few more; these bound what common templates add.
+TEMPLATE_PER_MESSAGE, TEMPLATE_FIXED = 16, 32
+
+
+def prompt_bound(body):
+    """Return a count of prompt tokens no tokenizer can exceed: one token per UTF-8 byte of
+    every text the engine reads (messages, tools, the prompt, the input), one per given token
+    id, plus the chat template's own.
+
+    A byte-level tokenizer never spends more than one token on a byte, so this holds for CJK,
+    emoji and code, which a characters-per-token guess under-counts several times over.
+    """
+    if "messages" in body:
+        messages = body.get("messages") or []
+        extra = [body.get(k) for k in ("tools", "functions", "response_format") if body.get(k)]
+        return (sum(_message_bytes(m) for m in messages) + sum(_bytes(e) for e in extra)
+                + TEMPLATE_PER_MESSAGE * len(messages) + TEMPLATE_FIXED)
+    source = body.get("prompt", body.get("input", ""))
+    return _tokens_in(source) + 1
+
+
+def _tokens_in(value):
+    """Bound the tokens of a prompt or input: a string, a list of strings, token ids, or lists
+    of token ids (each id is one token)."""
+    if isinstance(value, str):
+        return len(value.encode("utf-8"))
+    if isinstance(value, bool) or value is None:
+        return 1
+    if isinstance(value, int):
+        return 1
+    if isinstance(value, list):
+        return sum(_tokens_in(v) for v in value) + len(value)
+    return _bytes(value)
+
+
+def _message_bytes(m):
+    """Bytes of one chat message: its text alone when it is only that (the common case, and
+    the cheap one), else the whole message as JSON (parts, tool calls, images' URLs)."""
+    if isinstance(m, dict) and isinstance(m.get("content"), str) and len(m) <= 2:
+        return len(m["content"].encode("utf-8")) + len(str(m.get("role", "")))
+    return _bytes(m)
+
+
+def _bytes(value):
+    """Bytes of a message or other JSON value as the engine's template would read its text."""
+    if isinstance(value, str):
+        return len(value.encode("utf-8"))
+    return len(json.dumps(value, ensure_ascii=False).encode("utf-8"))
+
+
+def _prompt_text(body):
+    if "messages" in body:
+        return "".join(str(m.get("content", "")) if isinstance(m, dict) else str(m)
+                       for m in body.get("messages") or [])
+    return str(body.get("prompt", body.get("input", "")))
+
+
+def completion_cap(body, default_max_tokens):
+    """Return the tokens one choice may generate: what the request asks, else the default cap
+    (which the gateway then sends to the engine, so that it holds)."""
+    asked = body.get("max_completion_tokens", body.get("max_tokens"))
+    return asked if isinstance(asked, int) and not isinstance(asked, bool) and asked > 0 \
+        else default_max_tokens
+
+
+def choices(body):
+    """Return how many completions a request generates: n, or best_of when it is larger."""
+    counts = [v for v in (body.get("n"), body.get("best_of"))
+              if isinstance(v, int) and not isinstance(v, bool) and v > 0]
+    return max(counts, default=1)
 
 
 def worst_case(body, default_max_tokens):
     """Return (prompt tokens, completion tokens) a request could use at most."""
-    asked = body.get("max_completion_tokens", body.get("max_tokens"))
-    completion = asked if isinstance(asked, int) and asked > 0 else default_max_tokens
     if body.get("input") is not None and "messages" not in body and "prompt" not in body:
-        completion = 0  # embeddings generate nothing
-    return estimate_prompt_tokens(body), completion
+        return prompt_bound(body), 0  # embeddings generate nothing
+    return prompt_bound(body), completion_cap(body, default_max_tokens) * choices(body)

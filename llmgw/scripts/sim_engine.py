@@ -85,22 +85,27 @@ class Handler(BaseHTTPRequestHandler):
         chat = self.path.endswith("chat/completions")
         time.sleep(self.server.first_byte_delay)
         prompt = prompt_of(body)
-        n = max(1, min(int(body.get("max_tokens") or 16), 4096))
-        words = words_for(prompt, n)
-        usage = {"prompt_tokens": len(prompt.split()) + 1, "completion_tokens": n,
-                 "total_tokens": len(prompt.split()) + 1 + n}
+        # Like a real engine: max_completion_tokens, else max_tokens, else its own default
+        # (a real one generates to the end of its context); n choices of that many each.
+        asked = body.get("max_completion_tokens") or body.get("max_tokens")
+        length = max(1, min(int(asked or self.server.default_tokens), 100000))
+        choices = max(1, min(int(body.get("n") or 1), 128))
+        words = words_for(prompt, length)
+        used = self.server.count(prompt)
+        usage = {"prompt_tokens": used, "completion_tokens": length * choices,
+                 "total_tokens": used + length * choices}
         ident = "sim-%d" % int(time.time() * 1000)
         if body.get("stream"):
-            return self._stream(ident, chat, words, usage, body)
+            return self._stream(ident, chat, words, usage, body, choices)
         text = " ".join(words)
-        choice = ({"index": 0, "message": {"role": "assistant", "content": text},
-                   "finish_reason": "length"} if chat else
-                  {"index": 0, "text": text, "finish_reason": "length"})
+        made = [({"index": i, "message": {"role": "assistant", "content": text},
+                  "finish_reason": "length"} if chat else
+                 {"index": i, "text": text, "finish_reason": "length"}) for i in range(choices)]
         self._json(200, {"id": ident, "object": "chat.completion" if chat else "text_completion",
                          "created": int(time.time()), "model": self.server.model,
-                         "choices": [choice], "usage": usage})
+                         "choices": made, "usage": usage})
 
-    def _stream(self, ident, chat, words, usage, body):
+    def _stream(self, ident, chat, words, usage, body, choices=1):
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
@@ -113,18 +118,21 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
             self.wfile.flush()
 
-        def chunk(delta, finish=None):
-            c = ({"index": 0, "delta": delta, "finish_reason": finish} if chat else
-                 {"index": 0, "text": delta.get("content", ""), "finish_reason": finish})
+        def chunk(delta, finish=None, index=0):
+            c = ({"index": index, "delta": delta, "finish_reason": finish} if chat else
+                 {"index": index, "text": delta.get("content", ""), "finish_reason": finish})
             return {"id": ident, "object": kind, "created": int(time.time()),
                     "model": self.server.model, "choices": [c]}
         try:
             if chat:
-                send(chunk({"role": "assistant", "content": ""}))
+                for c in range(choices):
+                    send(chunk({"role": "assistant", "content": ""}, index=c))
             for i, word in enumerate(words):
                 time.sleep(self.server.delay)
-                send(chunk({"content": word if i == 0 else " " + word}))
-            send(chunk({}, "length"))
+                for c in range(choices):  # one event per choice and token, as engines send them
+                    send(chunk({"content": word if i == 0 else " " + word}, index=c))
+            for c in range(choices):
+                send(chunk({}, "length", index=c))
             if (body.get("stream_options") or {}).get("include_usage"):
                 send({"id": ident, "object": kind, "created": int(time.time()),
                       "model": self.server.model, "choices": [], "usage": usage})
@@ -142,8 +150,10 @@ class Handler(BaseHTTPRequestHandler):
             digest = hashlib.sha256(str(text).encode()).digest()
             data.append({"object": "embedding", "index": i,
                          "embedding": [(b - 128) / 128 for b in digest]})
+        used = sum(self.server.count(t) if isinstance(t, str) else
+                   (len(t) if isinstance(t, list) else 1) for t in inputs)
         self._json(200, {"object": "list", "data": data, "model": self.server.model,
-                         "usage": {"prompt_tokens": len(inputs), "total_tokens": len(inputs)}})
+                         "usage": {"prompt_tokens": used, "total_tokens": used}})
 
 
 def main(argv=None):
@@ -156,6 +166,12 @@ def main(argv=None):
                    help="seconds before answering at all (a long prompt being read)")
     p.add_argument("--prefill-delay", type=float, default=0.0,
                    help="seconds between a stream's headers and its first event")
+    p.add_argument("--default-tokens", type=int, default=16,
+                   help="tokens generated when a request gives no max_tokens (a real engine goes on "
+                        "to the end of its context)")
+    p.add_argument("--count", choices=("words", "chars"), default="words",
+                   help="how prompt tokens are counted: one a word, or one a character (what a "
+                        "tokenizer does with CJK or emoji)")
     p.add_argument("--version", action="store_true")
     args = p.parse_args(argv)
     if args.version:
@@ -166,6 +182,9 @@ def main(argv=None):
     server.daemon_threads = True
     server.model, server.delay, server.first_byte_delay = args.model, args.token_delay, args.first_byte_delay
     server.prefill_delay = args.prefill_delay
+    server.default_tokens = args.default_tokens
+    server.count = (lambda text: len(text) + 1) if args.count == "chars" else \
+        (lambda text: len(text.split()) + 1)
     server.busy, server.lock = 0, threading.Lock()
     print("sim: serving %s on %s:%d" % (args.model, args.host, args.port), flush=True)
     server.serve_forever()

@@ -32,6 +32,9 @@ class Reservation:
     price: tuple
     tokens: int
     cost: float
+    prompt_reserved: int = 0  # the prompt's bound, as reserved
+    completion_reserved: int = 0  # every choice's cap together, as reserved
+    prompt_estimate: int = 0  # billed for a stream cut short before the engine gave its count
     counters: list = field(default_factory=list)  # (lock order, counter id, kind)
     started: float = field(default_factory=time.monotonic)
     request_id: str = field(default_factory=lambda: "req_" + uuid.uuid4().hex)
@@ -102,7 +105,9 @@ def reserve(key, model, body, conf, now=None, lookups=None):
     prompt, completion = quota.worst_case(body, conf["limits"]["default_max_tokens"])
     money = quota.cost(prompt, completion, price)
     scopes = lookups.get(("scopes", key.id), lambda: scopes_of(key))
-    res = Reservation(key.id, scopes[1][1], model, price, prompt + completion, money)
+    res = Reservation(key.id, scopes[1][1], model, price, prompt + completion, money,
+                      prompt_reserved=prompt, completion_reserved=completion,
+                      prompt_estimate=min(prompt, quota.estimate_prompt_tokens(body)))
     limits, binds = lookups.get(("limits", key.id), lambda: _limits_of(scopes, conf))
     if not binds:
         return res

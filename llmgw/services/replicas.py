@@ -375,7 +375,7 @@ class NodeReplicas:
 
     async def _take_free_port(self, replica):
         """Move the replica to another port when something else on the node listens on its own."""
-        listening = ports.parse_listening((await self.t.run(ports.LISTEN_ARGV)).stdout)
+        listening = ports.parse_taken((await self.t.run(ports.LISTEN_ARGV)).stdout)
         if replica.port not in listening:
             return
         taken = {r.port for r in Replica.select().where(Replica.node == self.node)} | listening

@@ -123,4 +123,9 @@ def relay(path):
                      else "requests", e.code, headers={"Retry-After": str(e.retry_after)})
     if served != model:
         body = dict(body, model=served)
+    if path != "embeddings" and not any(isinstance(body.get(k), int) and not isinstance(body.get(k), bool)
+                                        and body.get(k) > 0 for k in ("max_tokens", "max_completion_tokens")):
+        # What was reserved for each choice is what the engine is told it may generate:
+        # left to itself it stops only at the end of its context.
+        body = dict(body, max_tokens=current_app.config["LLMGW"]["limits"]["default_max_tokens"])
     return relay_mod.forward(endpoints, path, body, reservation, routes)

@@ -122,7 +122,7 @@ def _whole(upstream, endpoint, routes, reservation, settle, deadline, g):
     finally:
         upstream.finish(complete)
         routes.inflight[endpoint] -= 1
-        settle(reservation, *_billed(usage, None, status), status, endpoint)
+        settle(reservation, *_billed(usage, None, status, reservation), status, endpoint)
     return Response(content, status=status, headers=_headers(upstream, reservation))
 
 
@@ -157,7 +157,7 @@ def _relay(upstream, endpoint, routes, reservation, tap, settle, deadline, g):
         finally:
             upstream.finish(outcome == status)  # closed on a disconnect: the engine stops
             routes.inflight[endpoint] -= 1
-            settle(reservation, *_billed(tap.usage, tap, outcome), outcome, endpoint)
+            settle(reservation, *_billed(tap.usage, tap, outcome, reservation), outcome, endpoint)
 
     return Response(stream_with_context(body()), status=status, headers=_headers(upstream, reservation))
 
@@ -170,14 +170,20 @@ def _usage_of(content):
     return usage if isinstance(usage, dict) else None
 
 
-def _billed(usage, tap, status):
+def _billed(usage, tap, status, res):
     """Return (prompt, completion) tokens to bill: what the engine says it used; without its
-    word, what was seen to be generated (a stream cut short by the client or a timeout)."""
+    word, the prompt's estimate and what was seen to be generated (a stream cut short by the
+    client, a timeout or a broken engine). Never more than was reserved: an engine that
+    ignores the cap it was sent is not a way past a limit."""
     if usage:
-        return _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
-    if tap is not None and (status < 400 or status in (499, 502, 504)):
-        return 0, tap.content_events
-    return 0, 0
+        prompt, completion = _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
+    elif tap is not None and (status < 400 or status in (499, 502, 504)):
+        prompt, completion = res.prompt_estimate, tap.content_events
+    else:
+        return 0, 0
+    if res.prompt_reserved or res.completion_reserved:
+        prompt, completion = min(prompt, res.prompt_reserved), min(completion, res.completion_reserved)
+    return prompt, completion
 
 
 def _count(value):

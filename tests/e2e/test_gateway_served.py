@@ -140,3 +140,65 @@ def test_a_client_that_leaves_stops_the_engine_and_pays_for_what_it_got(plane):
     assert row[1] == 499, row
     assert 3 <= row[0] < 100, row  # what was generated before it left, not the 200 asked for
     assert "client went away after part of a stream" in log.read_text()
+
+
+CJK = "你好世界，今天天气很好。🙂"
+SHAPES = {
+    # No cap: the engine, left to itself, would generate 2,000 tokens.
+    "no-max-tokens": ("chat/completions", {"messages": [{"role": "user", "content": "go on"}]}),
+    "n-4": ("chat/completions", {"max_tokens": 10, "n": 4,
+                                 "messages": [{"role": "user", "content": "four ways"}]}),
+    # The engine counts a token per character: a characters-per-token guess under-reserves.
+    "cjk-prompt": ("chat/completions", {"max_tokens": 5, "messages": [{"role": "user", "content": CJK * 30}]}),
+    "embeddings-list": ("embeddings", {"input": [CJK * 5] * 20}),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_every_request_shape_stays_within_a_budget_for_ten(plane, shape):
+    """200 concurrent requests of one shape through 4 workers against a budget for ten of them:
+    what is spent never passes the budget."""
+    import concurrent.futures
+    root = plane["root"]
+    if "shapes" not in cli(root, "models").stdout:
+        cli(root, "model", "add", "shapes", "--engine", "sim", "--arg=--token-delay", "--arg=0",
+            "--arg=--count", "--arg=chars", "--arg=--default-tokens", "--arg=2000")
+        cli(root, "prices", "set", "shapes", "--prompt", "1", "--completion", "1")  # 0.001 a token
+    project = f"shape-{shape}"
+    cli(root, "project-create", project, "--team", "default")
+    key = cli(root, "keys", "create", "--project", project).stdout.strip()
+    path, body = SHAPES[shape]
+
+    def one(_):
+        r = requests.post(f"{plane['url']}/v1/{path}", json=dict(body, model="shapes"), timeout=120,
+                          headers={"Authorization": f"Bearer {key}"})
+        return r.status_code
+    wait_for("a shapes replica", lambda: one(0) == 200, timeout=120, every=0.5)
+    each = wait_for("its cost settled", lambda: project_spend(root, project), timeout=10, every=0.1)
+    budget = 10 * each  # one request so far: ten more of what it cost
+    cli(root, "limits", "set", "--project", project, "--budget", f"{budget:.6f}", "--period", "never")
+    time.sleep(1.5)  # workers read limits at most once a second
+    with concurrent.futures.ThreadPoolExecutor(200) as pool:
+        codes = list(pool.map(one, range(200)))
+    assert set(codes) <= {200, 429}, codes
+    settled = wait_for("the workers to settle", lambda: (c := project_counter(root, project)) and c[1] < 1e-9 and c,
+                       timeout=10, every=0.1)
+    spent = project_spend(root, project) - each
+    print(f"{shape}: one costs {each:.6f}; {codes.count(200)} of 200 admitted; spent "
+          f"{spent:.6f} of a budget of {budget:.6f} (counted {settled[0]:.6f})")
+    assert codes.count(200) >= 1
+    assert spent <= budget + 1e-9 and settled[0] <= budget + 1e-9
+
+
+def project_spend(root, project):
+    with sqlite3.connect(root / "llmgw.db") as db:
+        got = db.execute("SELECT SUM(u.cost) FROM usage u JOIN project p ON p.id = u.project_id "
+                         "WHERE p.name = ?", (project,)).fetchone()[0]
+    return got or 0
+
+
+def project_counter(root, project):
+    with sqlite3.connect(root / "llmgw.db") as db:
+        return db.execute("SELECT SUM(c.used), SUM(c.reserved) FROM counter c JOIN project p "
+                          "ON p.id = c.scope_id WHERE c.kind = 'budget' AND c.scope_kind = 'project' "
+                          "AND p.name = ?", (project,)).fetchone()
