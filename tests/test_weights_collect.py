@@ -70,7 +70,7 @@ def test_a_node_s_unused_weight_goes_and_one_in_use_and_one_beside_models_stay(a
     assert out.exit_code == 0 and "gone-0123456789ab.gguf" in out.output and "collected:" in out.output
     assert sorted(os.listdir(models)) == [mine] and beside.exists()
     said = [e.text for e in NodeEvent.select().where(NodeEvent.node == node)]
-    assert said[-1].startswith("collected gone-0123456789ab.gguf (1000 B): no replica here used it for ")
+    assert said[-1].startswith("collected gone-0123456789ab.gguf (1.00 kB): no replica here used it for ")
     # Unused once its replica is gone, but used a moment ago: kept until keep_unused passes.
     Replica.delete().execute()
     rows = {r["name"]: r for r in json.loads(cli("weights", "local", "--json").output)}

@@ -10,7 +10,7 @@ from ..plans.launch import supervisor_for
 from ..plans.nodespec import parse_duration
 from ..services import logs as logsvc
 from ..services import cards, collect, endpoints, install, nodes
-from ..services.progress import human_bytes
+from ..plans.sizing import human_bytes
 from . import conf, echo_json, llmgw, root_option, run_async
 
 

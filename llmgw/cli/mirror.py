@@ -5,7 +5,7 @@ import click
 
 from ..errors import LlmgwError
 from ..services import mirror
-from ..services.progress import human_bytes
+from ..plans.sizing import human_bytes
 from . import conf, echo_json, llmgw, root_option
 
 

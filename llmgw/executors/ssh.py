@@ -1,6 +1,5 @@
 """SSH to nodes with asyncssh: pinned host keys, one reused connection, a cap on channels."""
 import asyncio
-import os
 import posixpath
 import secrets
 import shlex
@@ -8,7 +7,7 @@ import shlex
 import asyncssh
 
 from ..errors import HostKeyMismatch, NodeError
-from .transport import Result, Transport, pump
+from .transport import Result, Transport, kept, pump
 
 # Stock sshd allows 10 sessions per connection; the 11th channel fails to open.
 DEFAULT_MAX_SESSIONS = 8
@@ -181,10 +180,8 @@ class SSHTransport(Transport):
             async with self._sessions:
                 async with conn.start_sftp_client() as sftp:
                     try:
-                        found = (await sftp.stat(target)).size or 0
+                        found = kept((await sftp.stat(target)).size or 0, local_path)
                     except asyncssh.SFTPNoSuchFile:
-                        found = 0
-                    if found > os.path.getsize(local_path):
                         found = 0
                     async with sftp.open(target, "r+b" if found else "wb") as f:
                         done = await pump(local_path, found, f.write, progress, max_rate)

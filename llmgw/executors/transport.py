@@ -94,10 +94,8 @@ class LocalTransport(Transport):
 
     async def send(self, local_path, remote_path, progress=None, max_rate=0):
         try:
-            found = os.path.getsize(remote_path)
+            found = kept(os.path.getsize(remote_path), local_path)
         except OSError:
-            found = 0
-        if found > os.path.getsize(local_path):
             found = 0
         fd = os.open(remote_path, os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if not found else 0), 0o644)
         turn = asyncio.Lock()
@@ -115,12 +113,19 @@ BLOCK = 1 << 20  # read and written in blocks of 1 MiB,
 WINDOW = 8  # this many in flight at once (SFTP writes each wait for their own answer)
 
 
+def kept(found, local_path):
+    """Return how many bytes of an earlier copy to keep: none when there are more of them than
+    the file has (not a copy of it; the target is then written afresh)."""
+    return found if found <= os.path.getsize(local_path) else 0
+
+
 async def pump(local_path, found, write, progress=None, max_rate=0):
-    """Write local_path's bytes from offset `found` on with write(data, offset); see send()."""
+    """Write local_path's bytes from offset `found` (what kept() kept) on with
+    write(data, offset); see send()."""
     total = os.path.getsize(local_path)
     # The blocks of one window are written in any order, so a copy killed mid-window may have
     # left a hole below its last byte: the last window's worth is written again.
-    found = max(0, found - WINDOW * BLOCK) if 0 <= found <= total else 0
+    found = max(0, found - WINDOW * BLOCK)
     pos = found
     sent, started = 0, time.monotonic()
     if progress:

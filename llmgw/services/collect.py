@@ -5,7 +5,7 @@ import time
 from ..models import Model, Node, NodeEvent, Replica
 from ..plans import weights_gc
 from . import weights
-from .progress import human_bytes
+from ..plans.sizing import human_bytes
 
 # One line per entry of <base>/models: bytes (the whole tree), mtime, name.
 LIST_SCRIPT = ('cd "$0" 2>/dev/null || exit 0; for e in * .[!.]* ..?*; do [ -e "$e" ] || continue; '

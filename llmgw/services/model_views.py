@@ -1,7 +1,7 @@
 """A model and its replicas as the CLI's --json and the pages show them."""
 from ..models import Replica
 from . import placing
-from .progress import human_bytes
+from ..plans.sizing import human_bytes
 
 
 def model_view(m):

@@ -2,6 +2,7 @@
 import time
 
 from ..models import NodeEvent, Replica
+from ..plans.sizing import human_bytes
 
 
 class Progress:
@@ -36,10 +37,3 @@ class Progress:
                 + (f" after resuming at {human_bytes(found)}" if found else "")
                 + f" in {elapsed:.0f} s"))
 
-
-def human_bytes(n):
-    """Return bytes as a short figure: 512 B, 3.4 MiB, 60.1 GiB."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024

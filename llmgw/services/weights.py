@@ -97,8 +97,7 @@ async def ensure_on_node(transport, base_dir, model, cache_dir, reserve_mb=0, pr
 
 async def _download_on_node(transport, model, path, tools, progress):
     """Let the node fetch a URL model itself, continuing a .partial; check its sha256."""
-    have = await transport.run(["sha256sum", path], timeout=LONG_FILE_SECONDS)
-    if have.ok and have.stdout.split()[:1] == [model.sha256]:
+    if await _sha256_on(transport, path) == model.sha256:
         return path
     part = path + ".partial"
     if "curl" in tools:
@@ -109,25 +108,24 @@ async def _download_on_node(transport, model, path, tools, progress):
         raise InstallError("the node has neither curl nor wget to download the model with; install "
                            "one, or set weights.download_on_node = false to copy from the control plane")
     await transport.check(["mkdir", "-p", posixpath.dirname(path)])
-    found = (await _present(transport, posixpath.dirname(path))).get(posixpath.basename(part), 0)
+    found = await _size_on(transport, part)
     watch = asyncio.create_task(_watch_download(transport, part, found, progress))
     try:
         fetched = await transport.run(argv, timeout=LONG_FILE_SECONDS)
     finally:
         watch.cancel()
-    hashed = await transport.run(["sha256sum", part], timeout=LONG_FILE_SECONDS)
-    got = hashed.stdout.split()[:1]
-    if got != [model.sha256]:
+    got = await _sha256_on(transport, part)
+    if got != model.sha256:
         if fetched.ok:  # whole, and wrong: the next attempt starts afresh
             await transport.run(["rm", "-f", part])
             raise InstallError(f"{model.source} downloaded on the node does not match its sha256 "
-                               f"(got {(got or ['?'])[0][:12]}…, expected {model.sha256[:12]}…)")
+                               f"(got {_short(got)}, expected {_short(model.sha256)})")
         raise InstallError(f"downloading {model.source} on the node failed (exit "
                            f"{fetched.exit_status}): {fetched.tail()}; what arrived is kept and "
                            f"continued on the next attempt")
     await transport.check(["mv", part, path], timeout=LONG_FILE_SECONDS)
     if progress is not None:
-        size = (await _present(transport, posixpath.dirname(path))).get(posixpath.basename(path), 0)
+        size = await _size_on(transport, path)
         progress(size, size, size - found, found)
     return path
 
@@ -136,27 +134,25 @@ async def _watch_download(transport, part, found, progress):
     """Report a node-side download's size once a second (its total is not known here)."""
     while progress is not None:
         await asyncio.sleep(1)
-        size = (await _present(transport, posixpath.dirname(part))).get(posixpath.basename(part), found)
+        size = await _size_on(transport, part, found)
         progress(size, 0, size - found, found)
 
 
 async def _ensure_file(transport, model, path, cache_dir, reserve_mb, progress, max_rate):
-    have = await transport.run(["sha256sum", path], timeout=LONG_FILE_SECONDS)
-    if have.ok and have.stdout.split()[:1] == [model.sha256]:
+    if await _sha256_on(transport, path) == model.sha256:
         return path
     local = await asyncio.to_thread(local_copy, model.source, cache_dir, model.sha256)
     await transport.check(["mkdir", "-p", posixpath.dirname(path)])
     size = Path(local).stat().st_size
-    found = (await _present(transport, posixpath.dirname(path))).get(posixpath.basename(path) + ".partial", 0)
+    found = await _size_on(transport, path + ".partial")
     await _check_room(transport, path, size - min(found, size), reserve_mb, model.name)
     tell = None if progress is None else (lambda done, total, sent: progress(done, total, sent, found))
     await transport.send(str(local), path + ".partial", tell, max_rate)
-    hashed = await transport.check(["sha256sum", path + ".partial"], timeout=LONG_FILE_SECONDS)
-    got = hashed.stdout.split()[:1]
-    if got != [model.sha256]:
+    got = await _sha256_on(transport, path + ".partial", must=True)
+    if got != model.sha256:
         await transport.run(["rm", "-f", path + ".partial"])  # the next attempt starts afresh
         raise InstallError(f"{model.name}'s file arrived on the node damaged (sha256 "
-                           f"{(got or ['?'])[0][:12]}…, expected {model.sha256[:12]}…)")
+                           f"{_short(got)}, expected {_short(model.sha256)})")
     await transport.check(["mv", path + ".partial", path], timeout=LONG_FILE_SECONDS)
     return path
 
@@ -222,6 +218,25 @@ async def _check_tree(transport, model, stage, files):
                            f"removed and are copied again on the next attempt")
 
 
+async def _sha256_on(transport, path, must=False):
+    """Return the sha256 of a file on the node, or '' when it cannot be read (must: raise)."""
+    argv = ["sha256sum", path]
+    done = await (transport.check(argv, timeout=LONG_FILE_SECONDS) if must
+                  else transport.run(argv, timeout=LONG_FILE_SECONDS))
+    return (done.stdout.split() or [""])[0] if done.ok else ""
+
+
+async def _size_on(transport, path, missing=0):
+    """Return the size of one file on the node, or `missing` when it is not there."""
+    done = await transport.run(["stat", "-c", "%s", path])
+    size = done.stdout.strip()
+    return int(size) if done.ok and size.isdigit() else missing
+
+
+def _short(digest):
+    return f"{digest[:12]}…" if digest else "?…"
+
+
 async def _present(transport, directory):
     """Return {relative path: bytes} of the files under a directory on the node ({} if none)."""
     listing = await transport.run(["find", directory, "-type", "f", "-printf", "%s %P\\n"],
@@ -245,11 +260,10 @@ async def check_on_node(transport, model, node_name):
                            f"--node-path, so put it at that path on every node it may run on "
                            f"(shared storage or a copy), or add it from a file on the control plane")
     if model.sha256 and not directory:
-        hashed = await transport.run(["sha256sum", model.source], timeout=LONG_FILE_SECONDS)
-        got = hashed.stdout.split()[:1]
-        if got != [model.sha256]:
+        got = await _sha256_on(transport, model.source)
+        if got != model.sha256:
             raise InstallError(f"{model.source} on {node_name} is not the file given with --sha256 "
-                               f"(sha256 {(got or ['?'])[0][:12]}…, expected {model.sha256[:12]}…)")
+                               f"(sha256 {_short(got)}, expected {_short(model.sha256)})")
     return model.source
 
 

@@ -3,7 +3,7 @@ from flask import Blueprint, current_app, flash, redirect, render_template, url_
 
 from ..errors import LlmgwError
 from ..services import mirror
-from ..services.progress import human_bytes
+from ..plans.sizing import human_bytes
 from . import admin_required
 
 bp = Blueprint("mirror", __name__)

@@ -130,9 +130,9 @@ def test_a_directory_reaches_two_nodes_and_its_copy_survives_a_killed_reconciler
         assert argv.splitlines()[:2] == ["serve", tree]
     said = events(admin_session(wfleet).get(plane.url + "/nodes/w1").text)
     copied = next(e for e in said if "vl's weights copied" in e)
-    m = re.search(r"copied, ([\d.]+) MiB sent after resuming at ([\d.]+) MiB", copied)
+    m = re.search(r"copied, ([\d.]+) MB sent after resuming at ([\d.]+) MB", copied)
     assert m, copied
-    sent, resumed = float(m.group(1)) * 2**20, float(m.group(2)) * 2**20
+    sent, resumed = float(m.group(1)) * 10**6, float(m.group(2)) * 10**6
     # Not from zero: what the killed reconciler had copied stayed, and only the rest was sent.
     assert resumed > total // 8 and sent < total - total // 8, (copied, at_kill, total)
     print(f"w1: {total} bytes, killed at {at_kill}, resumed at {resumed:.0f}, sent {sent:.0f} after")
