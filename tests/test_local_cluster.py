@@ -140,13 +140,19 @@ def test_the_node_s_history_records_installs_and_replicas_coming_and_going(clust
 def stream_from(replica):
     """Start reading a 50-token stream (5 s at the engine's 0.1 s) straight from one replica's
     engine in a thread; return the thread and the dict its whole body lands in."""
+    return stream_in_thread(replica.endpoint, "demo", 50, timeout=30)
+
+
+def stream_in_thread(endpoint, model, max_tokens, timeout=60):
+    """Read a stream of max_tokens straight from an engine in a thread; return the thread and
+    the dict its whole body lands in."""
     import threading
     import requests
     got = {}
 
     def stream():
-        with requests.post(replica.endpoint + "/v1/chat/completions", stream=True, timeout=30,
-                           json={"model": "demo", "stream": True, "max_tokens": 50,
+        with requests.post(endpoint + "/v1/chat/completions", stream=True, timeout=timeout,
+                           json={"model": model, "stream": True, "max_tokens": max_tokens,
                                  "messages": [{"role": "user", "content": "go"}]}) as resp:
             got["body"] = resp.content.decode()
     reader = threading.Thread(target=stream)

@@ -17,6 +17,7 @@ from tests.e2e.conftest import (ControlPlane, cli, configure, need_test_nodes, n
                                 operator_key, tune, wait_for)
 from tests.e2e.test_gpu_placement import events, page
 from tests.harness import nodes as harness
+from tests.test_local_cluster import stream_in_thread
 
 pytestmark = pytest.mark.e2e
 SUBNET = "10.250.12"
@@ -128,18 +129,8 @@ def our_units(node):
 
 
 def five_second_stream(endpoint, model):
-    """Read a 250-token stream (0.02 s a token) straight from one engine in a thread; return
-    the thread and the dict its body lands in."""
-    got = {}
-
-    def stream():
-        with requests.post(endpoint + "/v1/chat/completions", stream=True, timeout=60,
-                           json={"model": model, "stream": True, "max_tokens": 250,
-                                 "messages": [{"role": "user", "content": "go"}]}) as resp:
-            got["body"] = resp.content.decode()
-    reader = threading.Thread(target=stream)
-    reader.start()
-    return reader, got
+    """250 tokens at the engine's 0.02 s, read straight from it in a thread."""
+    return stream_in_thread(endpoint, model, 250)
 
 
 def answers(endpoint):
