@@ -40,6 +40,7 @@ class Transport(abc.ABC):
     async def put(self, local_path, remote_path):
         """Copy a local file to a path on the node."""
 
+    @abc.abstractmethod
     async def send(self, local_path, remote_path, progress=None, max_rate=0):
         """Copy a local file to remote_path, continuing what an earlier copy left there.
 
@@ -49,7 +50,6 @@ class Transport(abc.ABC):
         end). progress(done, total, sent) is called as blocks land; max_rate caps bytes/s.
         Returns (bytes sent now, bytes found there already).
         """
-        raise NotImplementedError
 
     async def close(self):
         return None
