@@ -149,6 +149,8 @@ def watch_progress(wfleet, seen):
         b.type("input[name=email]", ADMIN)
         b.type("input[name=password]", wfleet["password"])
         b.click("button[type=submit]")
+        # Logged in once the cluster page shows: leaving earlier can cancel the login's POST.
+        b.wait_for_text("w2", css="#cluster")
         b.get(plane.url + "/nodes/w2")
         texts = []
 
