@@ -67,11 +67,12 @@ def main():
         print("| " + " | ".join(cols) + " |")
         print("|" + "---|" * len(cols))
         d = runs.get(f"{kind}-direct")
-        for t in targets:
+        shown = targets + (["limits"] if f"{kind}-limits" in runs else [])
+        for t in shown:
             r = runs.get(f"{kind}-{t}")
             if not r:
                 continue
-            row = [t, str(r["ok"]), str(r["errors"]), fmt(r["req_s"], 0), fmt(r["p50_ms"]),
+            row = [t if t != "limits" else "llmgw, limits binding", str(r["ok"]), str(r["errors"]), fmt(r["req_s"], 0), fmt(r["p50_ms"]),
                    fmt(r["p95_ms"]), fmt(r["p99_ms"])]
             if stream:
                 row += [fmt(r["ttfc_p50_ms"]), fmt(r["ttfc_p95_ms"]), fmt(r["ttfc_p99_ms"]),
@@ -89,9 +90,13 @@ def main():
                 parts.append(f"{name}: req/s {fmt(ratio(a['req_s'], b['req_s']))}×, "
                              f"p50 {fmt(ratio(a['p50_ms'], b['p50_ms']))}×, "
                              f"p99 {fmt(ratio(a['p99_ms'], b['p99_ms']))}×")
+        lim = runs.get(f"{kind}-limits")
+        if lim and g:
+            parts.append(f"limits binding/none: req/s {fmt(ratio(lim['req_s'], g['req_s']))}×, "
+                         f"p50 {fmt(lim['p50_ms'] - g['p50_ms'])} ms more")
         if parts:
             print("Ratios — " + "; ".join(parts) + "\n")
-        for t in targets:
+        for t in shown:
             r = runs.get(f"{kind}-{t}")
             if r and (r["errors"] or r["unsent"]):
                 print(f"- {t}: errors {r['error_kinds']}, unsent {r['unsent']}, "

@@ -172,6 +172,19 @@ for t in $targets; do
   load "ns50-$name" "$b50" "$key" fake50 "$N50" "$C"
   load "stream-$name" "$b0" "$key" fake "$NS" "$C" --stream --max-tokens 100
 done
+# 4b. llmgw again with rpm, tpm and a budget binding on the key and on its project: set high
+# enough that nothing is refused, so every request is admitted against all of them.
+flaskw prices set fake --prompt 0.000001 --completion 0.000001 >/dev/null
+PREFIX=$($PY -c 'import sys; from llmgw.security import display_prefix; print(display_prefix(sys.argv[1]))' "$KEY")
+for scope in "--key $PREFIX" "--project default"; do
+  flaskw limits set $scope --rpm 100000000 --tpm 2000000000 --budget 1000000 --period month >/dev/null
+done
+sleep 1.5  # workers read limits at most once a second
+load "warm-limits" "http://127.0.0.1:$GW/v1" "$KEY" fake 500 "$C"
+load "ns0-limits" "http://127.0.0.1:$GW/v1" "$KEY" fake "$N" "$C"
+for scope in "--key $PREFIX" "--project default"; do
+  flaskw limits set $scope --rpm 0 --tpm 0 --budget 0 >/dev/null
+done
 # LiteLLM is done with: stop it so that it takes no CPU from what follows.
 [ -n "$LL" ] && kill -TERM -- "-$LLPID" 2>/dev/null
 

@@ -207,6 +207,19 @@ def _check_sizes(conf, path):
             nodespec.parse_duration(keep, "weights.keep_unused")
     except (modelspec.SpecError, ValueError) as e:
         raise ConfigError(f"{path}: {e}") from e
+    _check_money(conf, path)
+
+
+def _check_money(conf, path):
+    """Keep money settings as micro-units too (limits.default_budget_micros, …), or say which
+    one cannot be held exactly."""
+    from .plans import money
+    for section, key in (("limits", "default_budget"), ("prices", "default_prompt_per_1k"),
+                         ("prices", "default_completion_per_1k")):
+        try:
+            conf[section][f"{key}_micros"] = money.to_micros(conf[section][key], f"{section}.{key} =")
+        except money.MoneyError as e:
+            raise ConfigError(f"{path}: {e}") from e
 
 
 def _fill_paths(conf, data):

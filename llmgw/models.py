@@ -77,25 +77,28 @@ class LimitRule(Base):
     scope_id = pw.IntegerField()
     rpm = pw.IntegerField(null=True)
     tpm = pw.IntegerField(null=True)
-    budget = pw.FloatField(null=True)
+    budget = pw.BigIntegerField(null=True)  # micro-units of the currency
     period = pw.TextField(default="month")
 
 
 class Price(Base):
     model = pw.TextField(unique=True)
-    prompt_per_1k = pw.FloatField()
-    completion_per_1k = pw.FloatField()
+    prompt_per_1k = pw.BigIntegerField()  # micro-units per 1,000 tokens
+    completion_per_1k = pw.BigIntegerField()
 
 
 class Counter(Base):
-    """What one scope used (and holds reserved) in one window of one kind (rpm, tpm, budget)."""
+    """What one scope used (and holds reserved) in one slot of one kind: requests (rpm) and
+    tokens (tpm) per 5-second bucket, money (budget, micro-units) per day, week, month and
+    for ever, requests refused (refused_<type>) per day. A "window" slot of rpm/tpm is the row
+    locked while a window is checked."""
 
     scope_kind = pw.TextField()
     scope_id = pw.IntegerField()
     kind = pw.TextField()
-    slot = pw.TextField()  # which minute, day, week or month
-    used = pw.FloatField(default=0)
-    reserved = pw.FloatField(default=0)
+    slot = pw.TextField()  # bucket start (epoch s), day, ISO week, month, "all" or "window"
+    used = pw.BigIntegerField(default=0)
+    reserved = pw.BigIntegerField(default=0)
 
 
 class Usage(Base):
@@ -105,7 +108,7 @@ class Usage(Base):
     model = pw.TextField()
     prompt_tokens = pw.IntegerField()
     completion_tokens = pw.IntegerField()
-    cost = pw.FloatField()
+    cost = pw.BigIntegerField()  # micro-units
     latency_ms = pw.IntegerField()
     status = pw.IntegerField()
     endpoint = pw.TextField()

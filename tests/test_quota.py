@@ -4,14 +4,14 @@ import json
 
 import pytest
 
-from llmgw.models import Counter, LimitRule, Model, Price, Project, Usage
+from llmgw.models import Counter, LimitRule, Model, Price, Project, Usage, utcnow
 from llmgw.plans import quota
 from llmgw.services import tenancy
 from tests.conftest import reconcile, settle_now
 
 NOW = datetime.datetime(2026, 11, 29, 19, 30, 15)
-DEFAULTS = {"default_rpm": 0, "default_tpm": 0, "default_budget": 5.0, "default_period": "day",
-            "default_max_tokens": 512}
+DEFAULTS = {"default_rpm": 0, "default_tpm": 0, "default_budget": 5.0, "default_budget_micros": 5_000_000,
+            "default_period": "day", "default_max_tokens": 512}
 
 
 class Rule:
@@ -21,10 +21,10 @@ class Rule:
 
 def test_a_default_applies_at_the_project_only_where_no_scope_sets_that_limit():
     got = quota.effective({"key": None, "project": None, "team": Rule(rpm=30), "org": None}, DEFAULTS)
-    assert got["project"].budget == 5.0 and got["project"].period == "day"
+    assert got["project"].budget == 5_000_000 and got["project"].period == "day"
     assert got["project"].rpm == 0 and got["team"].rpm == 30
-    got = quota.effective({"key": Rule(budget=1.0, period="week"), "project": None}, DEFAULTS)
-    assert got["project"].budget == 0.0 and got["key"].budget == 1.0
+    got = quota.effective({"key": Rule(budget=1_000_000, period="week"), "project": None}, DEFAULTS)
+    assert got["project"].budget == 0 and got["key"].budget == 1_000_000
 
 
 def test_budget_slots_and_resets_follow_the_period():
@@ -32,7 +32,8 @@ def test_budget_slots_and_resets_follow_the_period():
     assert quota.budget_slot("week", NOW) == "2026-W48"
     assert quota.budget_slot("month", NOW) == "2026-11"
     assert quota.seconds_to_reset("month", NOW) == int((datetime.datetime(2026, 12, 1) - NOW).total_seconds())
-    assert quota.seconds_to_next_minute(NOW) == 45
+    assert quota.bucket_slot(NOW) == str(int(quota.epoch(NOW)) // 5 * 5)
+    assert quota.window_slots(NOW) == (str(int(quota.bucket_slot(NOW)) - 60), quota.bucket_slot(NOW))
 
 
 def test_the_worst_case_is_the_prompt_bound_plus_max_tokens():
@@ -100,19 +101,21 @@ def test_usage_is_read_from_a_stream_and_stripped_when_not_asked_for(served, cli
 
 
 def test_a_budget_refuses_with_429_naming_the_scope(served, client):
-    Price.create(model="demo", prompt_per_1k=0, completion_per_1k=1000)  # 1 per token
+    Price.create(model="demo", prompt_per_1k=0, completion_per_1k=1000 * 10**6)  # 1 per token
     project = Project.get(Project.name == "default")
-    LimitRule.create(scope_kind="project", scope_id=project.id, budget=12, period="day")
+    LimitRule.create(scope_kind="project", scope_id=project.id, budget=12 * 10**6, period="day")
     assert chat(client, served["headers"]).status_code == 200   # holds 5, then costs 5
     assert chat(client, served["headers"]).status_code == 200   # 10 spent
     refused = chat(client, served["headers"])
     assert refused.status_code == 429
     err = refused.get_json()["error"]
-    assert err["code"] == "insufficient_quota" and "project 'default'" in err["message"]
+    assert err["code"] == err["type"] == "insufficient_quota" and "project 'default'" in err["message"]
+    assert "10.000000 of 12.000000" in err["message"]
     assert int(refused.headers["Retry-After"]) > 0
     settle_now(client.application)
-    spent = Counter.get(Counter.kind == "budget")
-    assert (spent.used, spent.reserved) == (10, 0)
+    spent = Counter.get(Counter.kind == "budget", Counter.scope_kind == "project",
+                        Counter.slot == quota.budget_slot("day", utcnow()))
+    assert (spent.used, spent.reserved) == (10 * 10**6, 0)
 
 
 def test_rpm_counts_requests_in_the_minute(served, client):
@@ -136,7 +139,7 @@ def test_the_quotas_page_says_budgets_cannot_bind_without_prices(client, auth):
     auth.login(password=auth.password)
     page = client.get("/quotas").get_data(as_text=True)
     assert "budgets cannot bind until a price is set" in page
-    Price.create(model="demo", prompt_per_1k=0.1, completion_per_1k=0.2)
+    Price.create(model="demo", prompt_per_1k=100_000, completion_per_1k=200_000)
     assert "budgets cannot bind" not in client.get("/quotas").get_data(as_text=True)
 
 

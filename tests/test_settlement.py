@@ -1,14 +1,16 @@
 """Settling off the request path: reservations held until a batch is written, one transaction
 for many requests, nothing lost when the database refuses a batch."""
-from llmgw.models import Counter, LimitRule, Price, Project, Usage, database
+from llmgw.models import Counter, LimitRule, Price, Project, Usage, database, utcnow
+from llmgw.plans import quota as plans
 from llmgw.services import quota, tenancy
 from llmgw.services.settlement import Settlement
 
 
 def _limited(app, budget=1.0, tpm=0):
-    Price.create(model="demo", prompt_per_1k=0, completion_per_1k=10)  # 0.01 a token
+    Price.create(model="demo", prompt_per_1k=0, completion_per_1k=10_000_000)  # 0.01 a token
     project = Project.get(Project.name == "default")
-    LimitRule.create(scope_kind="project", scope_id=project.id, budget=budget, tpm=tpm, period="day")
+    LimitRule.create(scope_kind="project", scope_id=project.id, budget=int(budget * 1_000_000),
+                     tpm=tpm, period="day")
     key, _ = tenancy.create_key("default")
     return key
 
@@ -19,8 +21,11 @@ def _reserve(app, key, max_tokens=10):
 
 
 def _budget():
-    c = Counter.get(Counter.kind == "budget", Counter.scope_kind == "project")
-    return round(c.used, 9), round(c.reserved, 9)
+    """Return (spent, held) today by the project, in the currency: exact micro-units scaled."""
+    c = Counter.get(Counter.kind == "budget", Counter.scope_kind == "project",
+                    Counter.slot == plans.budget_slot("day", utcnow()))
+    assert isinstance(c.used, int) and isinstance(c.reserved, int)
+    return c.used / 1_000_000, c.reserved / 1_000_000
 
 
 def test_a_reservation_is_held_until_its_batch_is_written(app):
@@ -38,7 +43,7 @@ def test_a_reservation_is_held_until_its_batch_is_written(app):
     assert (sum(c.used for c in tpm), sum(c.reserved for c in tpm)) == (50, 0)
     rows = list(Usage.select().order_by(Usage.id))
     assert [(u.prompt_tokens, u.completion_tokens, u.status) for u in rows] == [(7, 3, 200)] * 5
-    assert all(abs(u.cost - 0.03) < 1e-9 for u in rows)
+    assert all(u.cost == 30_000 for u in rows)  # micro-units, exactly
 
 
 def test_a_batch_the_database_refuses_is_kept_and_written_later(app):

@@ -3,9 +3,27 @@ import click
 import peewee
 
 from ..errors import LlmgwError
-from ..models import ApiKey, LimitRule, Org, Price, Project, Team, Usage, utcnow
+from ..models import ApiKey, Counter, LimitRule, Org, Price, Project, Team, Usage, utcnow
+from ..plans import money
 from ..plans.quota import PERIODS
 from . import echo_json, llmgw, root_option
+
+
+class Money(click.ParamType):
+    """An amount in the currency, kept as whole micro-units: at most six decimals."""
+
+    name = "amount"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        try:
+            return money.to_micros(value, "")
+        except money.MoneyError as e:
+            self.fail(str(e).strip(), param, ctx)
+
+
+MONEY = Money()
 
 SCOPE_MODELS = {"key": (ApiKey, ApiKey.prefix), "project": (Project, Project.name),
                 "team": (Team, Team.name), "org": (Org, Org.name)}
@@ -39,7 +57,7 @@ def limits():
 @scope_options
 @click.option("--rpm", type=click.IntRange(0), help="Requests per minute (0 removes the limit).")
 @click.option("--tpm", type=click.IntRange(0), help="Tokens per minute (0 removes the limit).")
-@click.option("--budget", type=click.FloatRange(0), help="Spend per period (0 removes the budget).")
+@click.option("--budget", type=MONEY, help="Spend per period, up to 6 decimals (0 removes the budget).")
 @click.option("--period", type=click.Choice(PERIODS), help="When the budget starts again.")
 @root_option
 def set_limits(key, project, team, org, rpm, tpm, budget, period):
@@ -51,7 +69,8 @@ def set_limits(key, project, team, org, rpm, tpm, budget, period):
             setattr(rule, name, value if name == "period" else (value or None))
     rule.save()
     click.echo(f"{kind} {key or project or team or org}: rpm {rule.rpm or 'none'}, "
-               f"tpm {rule.tpm or 'none'}, budget {rule.budget or 'none'} per {rule.period}")
+               f"tpm {rule.tpm or 'none'}, budget "
+               f"{money.show(rule.budget) if rule.budget else 'none'} per {rule.period}")
 
 
 @limits.command("show")
@@ -64,16 +83,19 @@ def show_limits(as_json):
         model, column = SCOPE_MODELS[rule.scope_kind]
         scope = model.get_or_none(model.id == rule.scope_id)
         rows.append({"scope": rule.scope_kind, "name": getattr(scope, column.name, "?"),
-                     "rpm": rule.rpm, "tpm": rule.tpm, "budget": rule.budget, "period": rule.period})
-    prices = [{"model": p.model, "prompt_per_1k": p.prompt_per_1k,
-               "completion_per_1k": p.completion_per_1k} for p in Price.select()]
+                     "rpm": rule.rpm, "tpm": rule.tpm,
+                     "budget": money.as_number(rule.budget) if rule.budget else None,
+                     "period": rule.period})
+    prices = [{"model": p.model, "prompt_per_1k": money.as_number(p.prompt_per_1k),
+               "completion_per_1k": money.as_number(p.completion_per_1k)} for p in Price.select()]
     if as_json:
         return echo_json({"limits": rows, "prices": prices})
     for r in rows:
         click.echo(f"{r['scope']:<8} {r['name']:<20} rpm {r['rpm'] or '-':<6} tpm {r['tpm'] or '-':<8} "
                    f"budget {r['budget'] or '-'} per {r['period']}")
     for p in prices:
-        click.echo(f"price    {p['model']:<20} {p['prompt_per_1k']} / {p['completion_per_1k']} per 1k tokens")
+        click.echo(f"price    {p['model']:<20} {p['prompt_per_1k']:.6f} / {p['completion_per_1k']:.6f} "
+                   f"per 1k tokens")
     if not prices:
         click.echo("no model has a price: budgets bind only if prices.default_* are set in the config")
 
@@ -85,15 +107,16 @@ def prices():
 
 @prices.command("set")
 @click.argument("model")
-@click.option("--prompt", type=click.FloatRange(0), required=True, help="Per 1,000 prompt tokens.")
-@click.option("--completion", type=click.FloatRange(0), required=True, help="Per 1,000 completion tokens.")
+@click.option("--prompt", type=MONEY, required=True, help="Per 1,000 prompt tokens, up to 6 decimals.")
+@click.option("--completion", type=MONEY, required=True, help="Per 1,000 completion tokens, up to 6 decimals.")
 @root_option
 def set_price(model, prompt, completion):
     """Set a model's price."""
     Price.insert(model=model, prompt_per_1k=prompt, completion_per_1k=completion).on_conflict(
         conflict_target=[Price.model],
         update={Price.prompt_per_1k: prompt, Price.completion_per_1k: completion}).execute()
-    click.echo(f"{model}: {prompt} per 1k prompt tokens, {completion} per 1k completion tokens")
+    click.echo(f"{model}: {money.show(prompt)} per 1k prompt tokens, {money.show(completion)} per 1k "
+               f"completion tokens")
 
 
 @llmgw.command("usage")
@@ -113,11 +136,28 @@ def usage(project, days, as_json):
                           peewee.fn.SUM(Usage.completion_tokens).alias("completion"),
                           peewee.fn.SUM(Usage.cost).alias("cost"))
              .where(Usage.project_id == row.id, Usage.created >= since).group_by(Usage.model).dicts())
-    rows = list(query)
+    rows = [dict(r, prompt=r["prompt"] or 0, completion=r["completion"] or 0,
+                 cost=money.as_number(r["cost"])) for r in query]
+    refused = refusals(row, since)
     if as_json:
-        return echo_json(rows)
+        return echo_json({"models": rows, "refused": refused})
     for r in rows:
-        click.echo(f"{r['model']:<24} {r['requests']:>7} requests {r['prompt'] or 0:>10} prompt "
-                   f"{r['completion'] or 0:>10} completion tokens  {r['cost'] or 0:.6f}")
+        click.echo(f"{r['model']:<24} {r['requests']:>7} requests {r['prompt']:>10} prompt "
+                   f"{r['completion']:>10} completion tokens  {r['cost']:.6f}")
     if not rows:
         click.echo(f"no requests from {project} in the last {days} days")
+    for r in refused:
+        click.echo(f"refused  {r['day']} key {r['key']:<16} {r['requests']:>6} x 429 ({r['type']})")
+
+
+def refusals(project, since):
+    """Return [{day, key, type, requests}] turned away with a 429, per key of a project and day."""
+    keys = {k.id: k.prefix + "…" for k in ApiKey.select().where(ApiKey.project == project)}
+    if not keys:
+        return []
+    rows = (Counter.select().where(Counter.scope_kind == "key", Counter.scope_id.in_(list(keys)),
+                                   Counter.kind.startswith("refused_"),
+                                   Counter.slot >= since.strftime("%Y-%m-%d"))
+            .order_by(Counter.slot, Counter.scope_id, Counter.kind))
+    return [{"day": c.slot, "key": keys[c.scope_id], "type": c.kind[len("refused_"):],
+             "requests": c.used} for c in rows]

@@ -1,8 +1,16 @@
-"""Limits and money, pure: which limits bind a request, its worst case, and the windows it counts in."""
+"""Limits and money, pure: which limits bind a request, its worst case, and the windows it counts in.
+
+rpm and tpm count in a sliding window of BUCKET_SECONDS buckets: a request is admitted only
+when the buckets of the last WINDOW_SECONDS, its own bucket included, hold room for it. Any 60
+seconds lie within such a window, so no 60 seconds ever see more than the limit, across a
+minute's boundary too (a fixed per-minute counter lets twice the limit through there).
+"""
 import datetime
 import json
 import math
 from dataclasses import dataclass
+
+from . import money
 
 SCOPES = ("key", "project", "team", "org")
 PERIODS = ("day", "week", "month", "never")
@@ -12,19 +20,13 @@ PERIODS = ("day", "week", "month", "never")
 class Limits:
     rpm: int = 0
     tpm: int = 0
-    budget: float = 0.0
+    budget: int = 0  # micro-units
     period: str = "month"
 
 
-@dataclass(frozen=True)
-class Need:
-    """What one request asks for against one scope, and in which slots it counts."""
-
-    scope_kind: str
-    scope_id: int
-    limits: Limits
-    minute: str
-    budget_slot: str
+BUCKET_SECONDS = 5
+WINDOW_BUCKETS = 13  # this bucket and the twelve before it: 65 s, which covers any 60 s
+WINDOW_SECONDS = BUCKET_SECONDS * WINDOW_BUCKETS
 
 
 def effective(rules, defaults):
@@ -35,22 +37,45 @@ def effective(rules, defaults):
     nothing, and a budget that exists nowhere never binds.
     """
     out = {kind: Limits(rpm=getattr(r, "rpm", None) or 0, tpm=getattr(r, "tpm", None) or 0,
-                        budget=getattr(r, "budget", None) or 0.0,
+                        budget=getattr(r, "budget", None) or 0,
                         period=getattr(r, "period", None) or "month")
            for kind, r in rules.items()}
     project = out.get("project", Limits())
     fill = {}
     for field in ("rpm", "tpm", "budget"):
         if not any(getattr(rules.get(k), field, None) for k in rules):
-            fill[field] = defaults[f"default_{field}"]
+            fill[field] = defaults[f"default_{field}"] if field != "budget" else \
+                defaults.get("default_budget_micros", 0)
     if "budget" in fill and not any(getattr(rules.get(k), "budget", None) for k in rules):
         fill["period"] = defaults["default_period"]
     out["project"] = Limits(**{**project.__dict__, **fill})
     return out
 
 
-def minute_slot(now):
-    return now.strftime("%Y-%m-%dT%H:%M")
+def epoch(now):
+    """Return a naive UTC datetime as seconds since 1970."""
+    return (now - datetime.datetime(1970, 1, 1)).total_seconds()
+
+
+def bucket_slot(now):
+    """Return the slot of the rpm/tpm bucket a moment counts in: its start, in epoch seconds."""
+    return str(int(epoch(now)) // BUCKET_SECONDS * BUCKET_SECONDS)
+
+
+def window_slots(now):
+    """Return (first, last) bucket slots of the window a request admitted now is checked
+    against; slots are ten-digit numbers, so they compare as text too."""
+    last = int(bucket_slot(now))
+    return str(last - BUCKET_SECONDS * (WINDOW_BUCKETS - 1)), str(last)
+
+
+def seconds_to_window_room(now):
+    """Return when the oldest bucket of the window leaves it: the earliest a full window can
+    take another request."""
+    return max(1, BUCKET_SECONDS - int(epoch(now)) % BUCKET_SECONDS)
+
+
+BUDGET_PERIODS = ("day", "week", "month", "never")
 
 
 def budget_slot(period, now):
@@ -65,8 +90,22 @@ def budget_slot(period, now):
     return "all"
 
 
-def seconds_to_next_minute(now):
-    return max(1, 60 - now.second)
+def budget_slots(now):
+    """Return {period: slot} of every budget period at a moment: spend is counted in all of
+    them, so a budget set in the middle of one finds what was spent before it."""
+    return {period: budget_slot(period, now) for period in BUDGET_PERIODS}
+
+
+def period_start(period, now):
+    """Return when the budget period holding a moment began (None: 'never' has no start)."""
+    day = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    if period == "day":
+        return day
+    if period == "week":
+        return day - datetime.timedelta(days=now.weekday())
+    if period == "month":
+        return day.replace(day=1)
+    return None
 
 
 def seconds_to_reset(period, now):
@@ -85,8 +124,8 @@ def seconds_to_reset(period, now):
 
 
 def cost(prompt_tokens, completion_tokens, price):
-    """Return the cost in the price's currency; price = (prompt per 1k, completion per 1k)."""
-    return prompt_tokens / 1000 * price[0] + completion_tokens / 1000 * price[1]
+    """Return the cost in micro-units; price = (prompt, completion) micro-units per 1k tokens."""
+    return money.cost(prompt_tokens, completion_tokens, price)
 
 
 def estimate_prompt_tokens(body):

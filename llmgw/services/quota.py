@@ -1,26 +1,31 @@
 """Admission against rpm, tpm and budgets at every scope, reserved atomically and settled after.
 
 One short transaction per request at admission (none when no limit binds); settling is
-batched off the request path (services/settlement.py). SQLite takes its write lock at BEGIN
-IMMEDIATE, so every gunicorn worker (and process) sees the others' reservations; on
-PostgreSQL the counter rows are locked with SELECT … FOR UPDATE.
+batched off the request path (services/settlement.py), and counts what every request used in
+every scope whether a limit binds it or not, so a limit set mid-period starts from the truth.
+SQLite takes its write lock at BEGIN IMMEDIATE, so every gunicorn worker (and process) sees
+the others' reservations; on PostgreSQL the counter rows are locked with SELECT … FOR UPDATE,
+and a scope's rpm/tpm window by its "window" row, so two control planes admitting in two
+different buckets still check one sum.
 """
 import time
 import uuid
 from dataclasses import dataclass, field
 
 import peewee
+from peewee import fn
 
 from ..errors import LlmgwError
 from ..models import Counter, LimitRule, Org, Price, Project, Team, database, utcnow
-from ..plans import quota
+from ..plans import money, quota
 
 
 class LimitExceeded(LlmgwError):
     """A request would pass a limit; says which, and when to come back."""
 
-    def __init__(self, message, code, retry_after):
-        self.code, self.retry_after = code, retry_after
+    def __init__(self, message, code, retry_after, kind="requests"):
+        # kind is OpenAI's error type for what ran out: requests, tokens or insufficient_quota.
+        self.code, self.retry_after, self.kind = code, retry_after, kind
         super().__init__(message)
 
 
@@ -31,21 +36,24 @@ class Reservation:
     model: str
     price: tuple
     tokens: int
-    cost: float
+    cost: int  # micro-units
     prompt_reserved: int = 0  # the prompt's bound, as reserved
     completion_reserved: int = 0  # every choice's cap together, as reserved
     prompt_estimate: int = 0  # billed for a stream cut short before the engine gave its count
-    counters: list = field(default_factory=list)  # (lock order, counter id, kind)
+    counters: list = field(default_factory=list)  # (lock order, counter id, kind, slot)
+    scopes: tuple = ()  # ((scope kind, id), …) from the key up to its org
+    admitted: object = None  # when (UTC): the bucket its requests and tokens count in
     started: float = field(default_factory=time.monotonic)
     request_id: str = field(default_factory=lambda: "req_" + uuid.uuid4().hex)
 
 
 def price_of(model, conf):
+    """Return (prompt, completion) micro-units per 1k tokens of a model."""
     row = Price.get_or_none(Price.model == model)
     if row:
         return row.prompt_per_1k, row.completion_per_1k
     p = conf["prices"]
-    return p["default_prompt_per_1k"], p["default_completion_per_1k"]
+    return p["default_prompt_per_1k_micros"], p["default_completion_per_1k_micros"]
 
 
 def scopes_of(key):
@@ -64,6 +72,7 @@ def transaction():
 
 
 def _counter(kind, scope_kind, scope_id, slot):
+    """Return the counter row, created when missing and locked for this transaction."""
     Counter.insert(scope_kind=scope_kind, scope_id=scope_id, kind=kind, slot=slot).on_conflict_ignore().execute()
     query = Counter.select().where(Counter.scope_kind == scope_kind, Counter.scope_id == scope_id,
                                    Counter.kind == kind, Counter.slot == slot)
@@ -73,7 +82,7 @@ def _counter(kind, scope_kind, scope_id, slot):
 
 
 MAX_ENTRIES = 10000
-KIND_ORDER = {"rpm": 0, "tpm": 1, "budget": 2}
+KIND_ORDER = {"rpm": 0, "tpm": 1, "budget": 2, "refused": 3}
 
 
 class Lookups:
@@ -107,7 +116,8 @@ def reserve(key, model, body, conf, now=None, lookups=None):
     scopes = lookups.get(("scopes", key.id), lambda: scopes_of(key))
     res = Reservation(key.id, scopes[1][1], model, price, prompt + completion, money,
                       prompt_reserved=prompt, completion_reserved=completion,
-                      prompt_estimate=min(prompt, quota.estimate_prompt_tokens(body)))
+                      prompt_estimate=min(prompt, quota.estimate_prompt_tokens(body)),
+                      scopes=tuple((kind, sid) for kind, sid, _ in scopes), admitted=now)
     limits, binds = lookups.get(("limits", key.id), lambda: _limits_of(scopes, conf))
     if not binds:
         return res
@@ -119,7 +129,7 @@ def reserve(key, model, body, conf, now=None, lookups=None):
             Counter.update({column: getattr(Counter, column) + amount}).where(
                 Counter.id == counter.id).execute()
             # The order rows were locked in: settling in the same order cannot deadlock with it.
-            res.counters.append(((rank, sid, KIND_ORDER[what]), counter.id, what))
+            res.counters.append(((rank, sid, KIND_ORDER[what]), counter.id, what, counter.slot))
     return res
 
 
@@ -131,31 +141,43 @@ def _limits_of(scopes, conf):
     return limits, any(lim.rpm or lim.tpm or lim.budget for lim in limits.values())
 
 
+def _window(kind, scope_kind, scope_id, now):
+    """Lock a scope's rpm or tpm window and return (what its buckets hold, its current bucket)."""
+    _counter(kind, scope_kind, scope_id, "window")  # the lock: one sum checked at a time
+    first, last = quota.window_slots(now)
+    held = (Counter.select(fn.COALESCE(fn.SUM(Counter.used + Counter.reserved), 0))
+            .where(Counter.scope_kind == scope_kind, Counter.scope_id == scope_id,
+                   Counter.kind == kind, Counter.slot >= first, Counter.slot <= last).scalar())
+    return int(held or 0), _counter(kind, scope_kind, scope_id, last)
+
+
 def _check(kind, sid, name, lim, res, now):
     """Return the increments one scope takes, or raise when it would pass a limit."""
     plan = []
     who = f"{kind} {name!r}"
     if lim.rpm:
-        c = _counter("rpm", kind, sid, quota.minute_slot(now))
-        if c.used + 1 > lim.rpm:
-            raise LimitExceeded(f"Rate limit reached for {who}: {lim.rpm} requests per minute.",
-                                "rate_limit_exceeded", quota.seconds_to_next_minute(now))
+        held, c = _window("rpm", kind, sid, now)
+        if held + 1 > lim.rpm:
+            raise LimitExceeded(f"Rate limit reached for {who}: {lim.rpm} requests per minute "
+                                f"({held} in the last {quota.WINDOW_SECONDS} s).",
+                                "rate_limit_exceeded", quota.seconds_to_window_room(now), "requests")
         plan.append((c, "used", 1, "rpm"))
     if lim.tpm:
-        c = _counter("tpm", kind, sid, quota.minute_slot(now))
-        if c.used + c.reserved + res.tokens > lim.tpm:
+        held, c = _window("tpm", kind, sid, now)
+        if held + res.tokens > lim.tpm:
             raise LimitExceeded(f"Token limit reached for {who}: {lim.tpm} tokens per minute "
-                                f"(this request may use up to {res.tokens}).",
-                                "rate_limit_exceeded", quota.seconds_to_next_minute(now))
+                                f"({held} used or held in the last {quota.WINDOW_SECONDS} s; this "
+                                f"request may use up to {res.tokens}).",
+                                "rate_limit_exceeded", quota.seconds_to_window_room(now), "tokens")
         plan.append((c, "reserved", res.tokens, "tpm"))
     if lim.budget:
         c = _counter("budget", kind, sid, quota.budget_slot(lim.period, now))
-        if c.used + c.reserved + res.cost > lim.budget + 1e-12:
+        if c.used + c.reserved + res.cost > lim.budget:
             wait = quota.seconds_to_reset(lim.period, now)
-            raise LimitExceeded(f"Budget exhausted for {who}: {c.used + c.reserved:.6f} of "
-                                f"{lim.budget:.6f} spent or held per {lim.period}, and this request "
-                                f"may cost up to {res.cost:.6f}.", "insufficient_quota",
-                                wait or 3600)
+            raise LimitExceeded(f"Budget exhausted for {who}: {money.show(c.used + c.reserved)} of "
+                                f"{money.show(lim.budget)} spent or held per {lim.period}, and this "
+                                f"request may cost up to {money.show(res.cost)}.",
+                                "insufficient_quota", wait or 3600, "insufficient_quota")
         plan.append((c, "reserved", res.cost, "budget"))
     return plan
 

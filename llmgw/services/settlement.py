@@ -8,6 +8,7 @@ milliseconds, never looser. Counter rows are updated in one fixed order (the ord
 which admission locks them), so two control planes on PostgreSQL cannot deadlock.
 """
 import atexit
+import datetime
 import collections
 import contextlib
 import logging
@@ -16,15 +17,19 @@ import threading
 import time
 
 import peewee
+from peewee import fn
 
 from ..models import Counter, Usage, database, utcnow
 from ..plans import quota
-from .quota import transaction
+from .quota import KIND_ORDER, transaction
 
 log = logging.getLogger("llmgw.settlement")
 FLUSH_SECONDS = 0.1
 MAX_BATCH = 1000
 IDLE_EXIT_SECONDS = 30
+PRUNE_SECONDS = 300
+BUCKETS_KEPT_SECONDS = 600  # rpm/tpm buckets older than this are deleted
+REFUSED_KEPT_DAYS = 90
 MAX_PENDING = 100_000  # while the database is away; beyond this the oldest usage rows are dropped
 
 
@@ -45,7 +50,17 @@ class Settlement:
         self.failing_since = None
         self.uncertain = set()  # request ids of batches that failed: perhaps committed after all
         self.closed = False
+        self.refusals = collections.Counter()  # (key id, OpenAI error type, day) -> requests
+        self.pruned_at = 0.0
         atexit.register(self.close)
+
+    def refused(self, key_id, kind, when=None):
+        """Count a request turned away with a 429 (rpm, tpm or budget) against its key's day."""
+        day = (when or utcnow()).strftime("%Y-%m-%d")
+        with self.lock:
+            self.refusals[(key_id, kind, day)] += 1
+            if not self.closed:
+                self._ensure_thread()
 
     def add(self, res, prompt_tokens, completion_tokens, status, endpoint=""):
         """Queue one finished request; return its real cost."""
@@ -85,6 +100,12 @@ class Settlement:
             time.sleep(max(self.flush_seconds, backoff))
             if self.flush():
                 idle_since = time.monotonic()
+            if time.monotonic() - self.pruned_at > PRUNE_SECONDS and not self.failing_since:
+                self.pruned_at = time.monotonic()
+                try:
+                    prune()
+                except Exception as e:  # the next pass tries again; nothing depends on it
+                    log.warning("pruning old counters failed: %s", e)
             elif time.monotonic() - idle_since > IDLE_EXIT_SECONDS:
                 with self.lock:
                     if not self.pending:
@@ -109,14 +130,17 @@ class Settlement:
             while True:
                 with self.lock:
                     batch = [self.pending.popleft() for _ in range(min(MAX_BATCH, len(self.pending)))]
-                if not batch:
+                    refused, self.refusals = self.refusals, collections.Counter()
+                if not batch and not refused:
                     return done
                 taken = len(batch)
                 try:
                     if self.uncertain:
                         batch = self._not_yet_written(batch)
-                    _write(batch)
+                    _write(batch, list(refused.elements()))
                 except Exception as e:
+                    with self.lock:
+                        self.refusals.update(refused)  # counted with a later batch
                     kept = self._one_by_one(batch, e)
                     done += taken - len(kept)
                     if kept:
@@ -194,27 +218,57 @@ def _insert_usage(rows):
         db.cursor().executemany(sql, rows)
 
 
-def _write(batch):
-    # (lock order, counter id) -> [change of reserved, change of used]
-    deltas = collections.defaultdict(lambda: [0, 0])
+def _write(batch, refused=()):
+    """Settle a batch in one transaction: every reservation moves to what was used, every scope
+    of every request counts its request, tokens and cost (limited or not), usage rows go in.
+
+    refused: ((key id, OpenAI error type, day), …) of requests turned away with a 429.
+    """
+    # (lock order, scope kind, scope id, kind, slot) -> [change of reserved, change of used, row id]
+    changes = collections.defaultdict(lambda: [0, 0, None])
     rows = []  # in USAGE_COLUMNS order
     for res, prompt, completion, actual, status, endpoint, latency, ended in batch:
-        for order, counter_id, what in res.counters:
+        for order, counter_id, what, slot in res.counters:
+            c = changes[(order, *res.scopes[order[0]], what, slot)]
+            c[2] = counter_id
             if what == "tpm":
-                d = deltas[(order, counter_id)]
-                d[0] -= res.tokens
-                d[1] += prompt + completion
+                c[0] -= res.tokens
+                c[1] += prompt + completion
             elif what == "budget":
-                d = deltas[(order, counter_id)]
-                d[0] -= res.cost
-                d[1] += actual
+                c[0] -= res.cost
+                c[1] += actual
+        _count_everywhere(changes, res, prompt + completion, actual)
         rows.append((res.key_id, res.project_id, res.model, prompt, completion, actual, latency,
                      status, endpoint, _stamp(ended), res.request_id))
+    for key_id, kind, day in refused:
+        changes[((0, key_id, KIND_ORDER["refused"]), "key", key_id, f"refused_{kind}", day)][1] += 1
     with _connected(), transaction():
-        for (_, counter_id), (reserved, used) in sorted(deltas.items()):
-            Counter.update(reserved=Counter.reserved + reserved, used=Counter.used + used).where(
-                Counter.id == counter_id).execute()
+        # Sorted as admission locks rows (scope, kind, slot): two writers never wait in a circle.
+        for (_, scope_kind, scope_id, kind, slot), (reserved, used, row) in sorted(changes.items()):
+            if row is not None and (reserved or used):
+                Counter.update(reserved=Counter.reserved + reserved,
+                               used=Counter.used + used).where(Counter.id == row).execute()
+            elif used:
+                Counter.insert(scope_kind=scope_kind, scope_id=scope_id, kind=kind, slot=slot,
+                               used=used).on_conflict(
+                    conflict_target=[Counter.scope_kind, Counter.scope_id, Counter.kind, Counter.slot],
+                    update={Counter.used: Counter.used + used}).execute()
         _insert_usage(rows)
+
+
+def _count_everywhere(changes, res, tokens, cost):
+    """Count a request in its scopes' rpm and tpm buckets and in all four budget periods,
+    where its reservation does not already count it; those rows are in changes already."""
+    if not res.scopes or res.admitted is None:
+        return
+    bucket = quota.bucket_slot(res.admitted)
+    counts = [("rpm", bucket, 1), ("tpm", bucket, tokens)]
+    counts += [("budget", slot, cost) for slot in quota.budget_slots(res.admitted).values()]
+    reserved = {(order[0], what, slot) for order, _, what, slot in res.counters}
+    for rank, (scope_kind, scope_id) in enumerate(res.scopes):
+        for kind, slot, amount in counts:
+            if amount and (rank, kind, slot) not in reserved:
+                changes[((rank, scope_id, KIND_ORDER[kind]), scope_kind, scope_id, kind, slot)][1] += amount
 
 
 @contextlib.contextmanager
@@ -228,3 +282,21 @@ def _connected():
     finally:
         if opened:
             database.close()
+
+
+def prune(now=None):
+    """Delete counter rows of windows that are over: rpm/tpm buckets past BUCKETS_KEPT_SECONDS,
+    budget periods before the previous one (usage rows keep the history), refusal counts past
+    REFUSED_KEPT_DAYS. A row that still holds a reservation stays. Return how many went."""
+    now = now or utcnow()
+    old_bucket = quota.bucket_slot(now - datetime.timedelta(seconds=BUCKETS_KEPT_SECONDS))
+    periods = [(10, quota.budget_slot("day", now - datetime.timedelta(days=1))),
+               (8, quota.budget_slot("week", now - datetime.timedelta(days=7))),
+               (7, quota.budget_slot("month", now.replace(day=1) - datetime.timedelta(days=1)))]
+    old = ((Counter.kind.in_(["rpm", "tpm"])) & (Counter.slot < old_bucket))
+    for length, slot in periods:
+        old |= ((Counter.kind == "budget") & (fn.LENGTH(Counter.slot) == length) & (Counter.slot < slot))
+    refused = (now - datetime.timedelta(days=REFUSED_KEPT_DAYS)).strftime("%Y-%m-%d")
+    old |= (Counter.kind.startswith("refused_") & (Counter.slot < refused))
+    with _connected():
+        return Counter.delete().where(old & (Counter.reserved == 0)).execute()

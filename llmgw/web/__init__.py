@@ -67,6 +67,8 @@ def register(app):
     login_manager.init_app(app)
     app.session_interface = NoSessionsForTheApi()
     app.jinja_env.globals["csrf_token"] = csrf_token
+    from ..plans import money
+    app.jinja_env.filters["money"] = money.show
     app.before_request(_check_csrf)
     for module in (accounts, auth, cluster, gateway, health, mirror, models, quotas):
         app.register_blueprint(module.bp)

@@ -119,8 +119,8 @@ def relay(path):
         reservation = quota.reserve(key, served, body, current_app.config["LLMGW"],
                                     lookups=caches()[2])
     except quota.LimitExceeded as e:
-        return error(429, str(e), "insufficient_quota" if e.code == "insufficient_quota"
-                     else "requests", e.code, headers={"Retry-After": str(e.retry_after)})
+        relay_mod.settlement().refused(key.id, e.kind)
+        return error(429, str(e), e.kind, e.code, headers={"Retry-After": str(e.retry_after)})
     if served != model:
         body = dict(body, model=served)
     if path != "embeddings" and not any(isinstance(body.get(k), int) and not isinstance(body.get(k), bool)

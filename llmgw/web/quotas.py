@@ -6,6 +6,7 @@ from flask import Blueprint, abort, current_app, render_template
 from flask_login import current_user, login_required
 
 from ..models import ApiKey, Counter, LimitRule, Membership, Org, Price, Project, Team, Usage, utcnow
+from ..plans import quota
 from . import admin_required
 
 bp = Blueprint("quotas", __name__)
@@ -26,9 +27,17 @@ def quotas():
     rules = [{"kind": r.scope_kind, "name": _name(r.scope_kind, r.scope_id), "rule": r}
              for r in LimitRule.select().order_by(LimitRule.scope_kind)]
     prices = list(Price.select().order_by(Price.model))
-    default_price = (conf["prices"]["default_prompt_per_1k"], conf["prices"]["default_completion_per_1k"])
-    counters = [{"kind": c.scope_kind, "name": _name(c.scope_kind, c.scope_id), "c": c}
-                for c in Counter.select().where(Counter.kind == "budget").order_by(Counter.slot.desc()).limit(100)]
+    default_price = (conf["prices"]["default_prompt_per_1k_micros"],
+                     conf["prices"]["default_completion_per_1k_micros"])
+    # What scopes with a budget spent in the periods their budgets count.
+    slots = [(r.scope_kind, r.scope_id, quota.budget_slot(r.period, utcnow()))
+             for r in LimitRule.select().where(LimitRule.budget.is_null(False))]
+    counters = []
+    for kind, sid, slot in slots:
+        c = Counter.get_or_none(Counter.scope_kind == kind, Counter.scope_id == sid,
+                                Counter.kind == "budget", Counter.slot == slot)
+        if c:
+            counters.append({"kind": kind, "name": _name(kind, sid), "c": c})
     return render_template("quotas.html", rules=rules, prices=prices, default_price=default_price,
                            defaults=conf["limits"], counters=counters,
                            unpriced=not prices and not any(default_price))
@@ -54,4 +63,7 @@ def usage(project):
     # By when each request ended: ids follow the order batches were written in, worker by worker.
     recent = list(Usage.select().where(Usage.project_id == row.id)
                   .order_by(Usage.created.desc()).limit(50))
-    return render_template("usage.html", project=row, per_model=per_model, recent=recent)
+    from ..cli.limits import refusals
+    refused = refusals(row, since)
+    return render_template("usage.html", project=row, per_model=per_model, recent=recent,
+                           refused=refused)
