@@ -91,7 +91,7 @@ def main():
                              f"p50 {fmt(ratio(a['p50_ms'], b['p50_ms']))}×, "
                              f"p99 {fmt(ratio(a['p99_ms'], b['p99_ms']))}×")
         lim = runs.get(f"{kind}-limits")
-        if lim and g:
+        if lim and g and lim["p50_ms"] is not None and g["p50_ms"] is not None:
             parts.append(f"limits binding/none: req/s {fmt(ratio(lim['req_s'], g['req_s']))}×, "
                          f"p50 {fmt(lim['p50_ms'] - g['p50_ms'])} ms more")
         if parts:

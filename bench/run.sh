@@ -8,7 +8,9 @@
 # BENCH_C (concurrency, 32), BENCH_PROCS (load generator processes, 1), BENCH_LITELLM=0 to skip
 # LiteLLM, BENCH_PROFILE=1 to take a py-spy profile of an llmgw worker under load,
 # BENCH_KEEP=1 to keep the work directory, BENCH_MAX_SECONDS (120): a load run stops sending after
-# this long (what was not sent is reported as unsent).
+# this long (what was not sent is reported as unsent), BENCH_POSTGRES=postgresql://USER@HOST:PORT
+# to run llmgw on a fresh database of that PostgreSQL server instead of SQLite (run under
+# `python -m tests.harness.pg`, a private server's URL is taken from LLMGW_TEST_POSTGRES).
 set -u
 TOP=$(cd "$(dirname "$0")/.." && pwd)
 cd "$TOP"
@@ -96,6 +98,15 @@ for p in $U0 $U50 $USLOW; do wait_ok 20 curl -sf "http://127.0.0.1:$p/v1/models"
 
 # 2. llmgw: a fresh root, 2 gevent workers, the three upstreams as external endpoints.
 ROOT=$WORK/root; GW=$(free_port)
+PGURL=${BENCH_POSTGRES:-${LLMGW_TEST_POSTGRES:-}}
+if [ -n "$PGURL" ]; then
+  PGDB=bench_$$
+  psql -q "$PGURL/postgres" -c "CREATE DATABASE $PGDB" || { log "cannot create $PGDB at $PGURL"; exit 1; }
+  export LLMGW_DATABASE_URL="$PGURL/$PGDB"
+  echo "database: PostgreSQL $(psql -tAq "$PGURL/postgres" -c 'SHOW server_version')" >>"$RES/env.txt"
+else
+  echo "database: SQLite" >>"$RES/env.txt"
+fi
 flaskw init --listen "127.0.0.1:$GW" >"$WORK/init.log" 2>&1 || { cat "$WORK/init.log"; exit 1; }
 sed -i 's/^\[server\]$/[server]\nworkers = 2/; s/^interval = 5$/interval = 1/' "$ROOT/server.toml"
 flaskw endpoint add up0 --url "http://127.0.0.1:$U0/v1" --model fake >/dev/null

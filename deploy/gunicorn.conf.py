@@ -19,3 +19,10 @@ control_socket_disable = True
 # Off unless server.access_log names a file ("-": standard output). Every /v1 request is a
 # usage row already (key, model, status, latency); a log line for it costs a twentieth of its CPU.
 accesslog = _conf["server"]["access_log"] or None
+
+
+def post_worker_init(worker):
+    """Start the worker's settlement thread at once and for its whole life: it settles, gives
+    back leased slices, beats, and recovers dead workers even while no request comes."""
+    from llmgw.web.relay import start_resident
+    start_resident(worker.wsgi)

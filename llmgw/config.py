@@ -70,6 +70,7 @@ DEFAULTS = {
         "default_completion_per_1k": 0.0,
     },
     "gateway": {
+        "worker_dead_after": 30,
         "connect_timeout": 5,
         "first_byte_timeout": 300,
         "read_timeout": 600,

@@ -127,6 +127,15 @@ def make_green_if_gevent():
     return True
 
 
+# What a query raises when the database cannot be reached (refused, timed out, dropped), as
+# opposed to a query it refuses.
+AWAY = (peewee.OperationalError, peewee.InterfaceError)
+
+
+class DatabaseAway(Exception):
+    """The database cannot be reached for something a request needs."""
+
+
 def bind(url):
     """Point the shared proxy at the database for this URL."""
     db = open_database(url)

@@ -101,6 +101,25 @@ class Counter(Base):
     reserved = pw.BigIntegerField(default=0)
 
 
+class GatewayWorker(Base):
+    """A gateway worker process that holds leases; it beats every few seconds."""
+
+    id = pw.TextField(primary_key=True)
+    host = pw.TextField()
+    pid = pw.IntegerField()
+    started = pw.DateTimeField(default=utcnow)
+    beat = pw.DateTimeField(default=utcnow)
+    inflight = JSONField(default=list)  # its requests in flight at the last beat
+
+
+class Lease(Base):
+    """What one worker holds of one counter: granted to it and not yet settled or given back."""
+
+    worker = pw.TextField()
+    counter_id = pw.IntegerField()
+    amount = pw.BigIntegerField(default=0)
+
+
 class Usage(Base):
     created = pw.DateTimeField(default=utcnow)
     key_id = pw.IntegerField(null=True)

@@ -12,6 +12,7 @@ from llmgw.models import Counter, LimitRule, Price, Project, database, utcnow
 from llmgw.plans import money
 from llmgw.plans import quota as plans
 from llmgw.services import quota, settlement, tenancy
+from llmgw.services.leases import Ledger
 from tests.conftest import settle_now
 
 
@@ -56,28 +57,28 @@ T0 = datetime.datetime(2026, 11, 30, 12, 0, 57)
 
 def test_rpm_admits_no_more_than_the_limit_in_any_60_seconds_across_a_minute_boundary(app):
     key = _key_and_rule(rpm=3)
-    conf = app.config["LLMGW"]
+    conf, ledger = app.config["LLMGW"], Ledger()
     for second in (0, 1, 2):  # 12:00:57-59, the end of one minute
-        quota.reserve(key, "demo", BODY, conf, now=T0 + datetime.timedelta(seconds=second))
+        quota.reserve(key, "demo", BODY, conf, ledger, now=T0 + datetime.timedelta(seconds=second))
     # A counter per minute would start again at 12:01:00: six in four seconds.
     for later in (3, 10, 50, 59):
         with pytest.raises(quota.LimitExceeded) as e:
-            quota.reserve(key, "demo", BODY, conf, now=T0 + datetime.timedelta(seconds=later))
+            quota.reserve(key, "demo", BODY, conf, ledger, now=T0 + datetime.timedelta(seconds=later))
         assert e.value.kind == "requests" and "3 requests per minute" in str(e.value)
         assert 1 <= e.value.retry_after <= plans.BUCKET_SECONDS
     # The first bucket (12:00:55-59) leaves the window 65 s after it began: room again.
-    quota.reserve(key, "demo", BODY, conf, now=T0 + datetime.timedelta(seconds=63))
+    quota.reserve(key, "demo", BODY, conf, ledger, now=T0 + datetime.timedelta(seconds=63))
 
 
 def test_any_60_second_window_holds_at_most_the_limit_under_a_steady_stream(app):
     """A request every 1.5 s for 5 minutes against rpm 20: count the admitted in every window."""
     key = _key_and_rule(rpm=20)
-    conf = app.config["LLMGW"]
+    conf, ledger = app.config["LLMGW"], Ledger()
     admitted = []
     for i in range(200):
         when = T0 + datetime.timedelta(seconds=1.5 * i)
         try:
-            quota.reserve(key, "demo", BODY, conf, now=when)
+            quota.reserve(key, "demo", BODY, conf, ledger, now=when)
             admitted.append(when)
         except quota.LimitExceeded:
             pass
@@ -90,12 +91,12 @@ def test_tpm_counts_what_is_held_and_used_in_the_window_and_says_tokens(app):
     key = _key_and_rule(tpm=200)  # each may use 94: its prompt bound and 40
     conf = app.config["LLMGW"]
     s = settlement.Settlement(flush_seconds=3600)
-    first = quota.reserve(key, "demo", dict(BODY, max_tokens=40), conf, now=T0)
+    first = quota.reserve(key, "demo", dict(BODY, max_tokens=40), conf, s.ledger, now=T0)
     s.add(first, 5, 40, 200)
     s.flush()
-    quota.reserve(key, "demo", dict(BODY, max_tokens=40), conf, now=T0 + datetime.timedelta(seconds=5))
+    quota.reserve(key, "demo", dict(BODY, max_tokens=40), conf, s.ledger, now=T0 + datetime.timedelta(seconds=5))
     with pytest.raises(quota.LimitExceeded) as e:
-        quota.reserve(key, "demo", dict(BODY, max_tokens=40), conf, now=T0 + datetime.timedelta(seconds=30))
+        quota.reserve(key, "demo", dict(BODY, max_tokens=40), conf, s.ledger, now=T0 + datetime.timedelta(seconds=30))
     assert e.value.kind == "tokens" and "200 tokens per minute (139 used or held" in str(e.value)
 
 

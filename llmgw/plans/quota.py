@@ -65,8 +65,12 @@ def bucket_slot(now):
 def window_slots(now):
     """Return (first, last) bucket slots of the window a request admitted now is checked
     against; slots are ten-digit numbers, so they compare as text too."""
-    last = int(bucket_slot(now))
-    return str(last - BUCKET_SECONDS * (WINDOW_BUCKETS - 1)), str(last)
+    return window_slots_of(bucket_slot(now))
+
+
+def window_slots_of(last):
+    """Return (first, last) bucket slots of the window that ends with bucket `last`."""
+    return str(int(last) - BUCKET_SECONDS * (WINDOW_BUCKETS - 1)), last
 
 
 def seconds_to_window_room(now):

@@ -1,12 +1,10 @@
-"""Admission against rpm, tpm and budgets at every scope, reserved atomically and settled after.
+"""Admission against rpm, tpm and budgets at every scope, from slices leased per worker.
 
-One short transaction per request at admission (none when no limit binds); settling is
-batched off the request path (services/settlement.py), and counts what every request used in
-every scope whether a limit binds it or not, so a limit set mid-period starts from the truth.
-SQLite takes its write lock at BEGIN IMMEDIATE, so every gunicorn worker (and process) sees
-the others' reservations; on PostgreSQL the counter rows are locked with SELECT … FOR UPDATE,
-and a scope's rpm/tpm window by its "window" row, so two control planes admitting in two
-different buckets still check one sum.
+What a request could use at most (its worst case) is checked against every limit that binds
+it, at its key, project, team and org. A worker admits from slices of each binding counter
+that it leased in one transaction (services/leases.py): most requests take no transaction at
+all, and none when no limit binds. Settling (services/settlement.py) counts what every
+request used in every scope, limited or not, so a limit set mid-period starts from the truth.
 """
 import time
 import uuid
@@ -15,9 +13,11 @@ from dataclasses import dataclass, field
 import peewee
 from peewee import fn
 
+from ..db import AWAY, DatabaseAway
 from ..errors import LlmgwError
 from ..models import Counter, LimitRule, Org, Price, Project, Team, database, utcnow
 from ..plans import money, quota
+from .counting import row_key
 
 
 class LimitExceeded(LlmgwError):
@@ -40,9 +40,10 @@ class Reservation:
     prompt_reserved: int = 0  # the prompt's bound, as reserved
     completion_reserved: int = 0  # every choice's cap together, as reserved
     prompt_estimate: int = 0  # billed for a stream cut short before the engine gave its count
-    counters: list = field(default_factory=list)  # (lock order, counter id, kind, slot)
+    holds: list = field(default_factory=list)  # (slice, amount, kind): what it holds of leased slices
     scopes: tuple = ()  # ((scope kind, id), …) from the key up to its org
     admitted: object = None  # when (UTC): the bucket its requests and tokens count in
+    endpoint: str = ""  # the replica it was sent to, once sent
     started: float = field(default_factory=time.monotonic)
     request_id: str = field(default_factory=lambda: "req_" + uuid.uuid4().hex)
 
@@ -64,13 +65,6 @@ def scopes_of(key):
             ("team", project.team.id, project.team.name), ("org", project.team.org.id, project.team.org.name)]
 
 
-def transaction():
-    """A write transaction that takes its locks up front (SQLite) or row by row (PostgreSQL)."""
-    if isinstance(database.obj, peewee.SqliteDatabase):
-        return database.atomic("IMMEDIATE")
-    return database.atomic()
-
-
 def _counter(kind, scope_kind, scope_id, slot):
     """Return the counter row, created when missing and locked for this transaction."""
     Counter.insert(scope_kind=scope_kind, scope_id=scope_id, kind=kind, slot=slot).on_conflict_ignore().execute()
@@ -81,8 +75,24 @@ def _counter(kind, scope_kind, scope_id, slot):
     return query.get()
 
 
+def locked_room(need):
+    """Lock a need's counter (an rpm/tpm window through its "window" row first) and return
+    (room left under the limit, the row a grant goes to, what is held of it unsettled)."""
+    if need.kind == "budget":
+        c = _counter("budget", need.scope_kind, need.scope_id, need.slot)
+        return need.limit - c.used - c.reserved, c, c.reserved
+    _counter(need.kind, need.scope_kind, need.scope_id, "window")  # one sum checked at a time
+    first, last = quota.window_slots_of(need.slot)
+    used, reserved = (Counter.select(fn.COALESCE(fn.SUM(Counter.used), 0),
+                                     fn.COALESCE(fn.SUM(Counter.reserved), 0))
+                      .where(Counter.scope_kind == need.scope_kind, Counter.scope_id == need.scope_id,
+                             Counter.kind == need.kind, Counter.slot >= first, Counter.slot <= last)
+                      .tuples().get())
+    return need.limit - int(used) - int(reserved), _counter(need.kind, need.scope_kind, need.scope_id,
+                                                            need.slot), int(reserved)
+
+
 MAX_ENTRIES = 10000
-KIND_ORDER = {"rpm": 0, "tpm": 1, "budget": 2, "refused": 3}
 
 
 class Lookups:
@@ -96,41 +106,96 @@ class Lookups:
         hit = self.entries.get(what)
         if hit and time.monotonic() - hit[1] < self.ttl:
             return hit[0]
-        value = make()
+        try:
+            value = make()
+        except AWAY as e:
+            if hit is None:
+                raise DatabaseAway(str(e).strip()) from e
+            # The database is away: what this worker knew goes on serving, asked again in a second.
+            self.entries[what] = (hit[0], time.monotonic() - self.ttl + min(self.ttl, 1.0))
+            return hit[0]
         if len(self.entries) > MAX_ENTRIES:  # a flood of made-up keys must not grow the worker
             self.entries.clear()
         self.entries[what] = (value, time.monotonic())
         return value
 
 
-def reserve(key, model, body, conf, now=None, lookups=None):
-    """Reserve the request's worst case against every scope, or raise LimitExceeded naming one.
+@dataclass(frozen=True)
+class Need:
+    """What a request takes of one binding limit: `amount` of counter row `key`."""
 
-    When no limit of any scope binds, nothing is reserved and no transaction is taken.
+    key: tuple  # counting.row_key: the lock order
+    scope_kind: str
+    scope_id: int
+    name: str
+    kind: str  # rpm, tpm or budget
+    slot: str  # the bucket (rpm, tpm) or the budget period's slot
+    amount: int
+    limit: int
+    period: str = ""
+
+    @property
+    def window(self):
+        return self.kind != "budget"
+
+
+def reserve(key, model, body, conf, ledger, now=None, lookups=None):
+    """Admit a request against every limit that binds it, holding its worst case in this
+    worker's leased slices; raise LimitExceeded naming a limit it would pass.
+
+    When no limit of any scope binds, nothing is held and nothing is asked of the database.
     """
     now = now or utcnow()
     lookups = lookups or Lookups(ttl=0)
     price = lookups.get(("price", model), lambda: price_of(model, conf))
     prompt, completion = quota.worst_case(body, conf["limits"]["default_max_tokens"])
-    money = quota.cost(prompt, completion, price)
+    money_ = quota.cost(prompt, completion, price)
     scopes = lookups.get(("scopes", key.id), lambda: scopes_of(key))
-    res = Reservation(key.id, scopes[1][1], model, price, prompt + completion, money,
+    res = Reservation(key.id, scopes[1][1], model, price, prompt + completion, money_,
                       prompt_reserved=prompt, completion_reserved=completion,
                       prompt_estimate=min(prompt, quota.estimate_prompt_tokens(body)),
                       scopes=tuple((kind, sid) for kind, sid, _ in scopes), admitted=now)
     limits, binds = lookups.get(("limits", key.id), lambda: _limits_of(scopes, conf))
-    if not binds:
-        return res
-    with transaction():
-        plan = []
-        for rank, (kind, sid, name) in enumerate(scopes):
-            plan += [(rank, sid, *step) for step in _check(kind, sid, name, limits[kind], res, now)]
-        for rank, sid, counter, column, amount, what in plan:
-            Counter.update({column: getattr(Counter, column) + amount}).where(
-                Counter.id == counter.id).execute()
-            # The order rows were locked in: settling in the same order cannot deadlock with it.
-            res.counters.append(((rank, sid, KIND_ORDER[what]), counter.id, what, counter.slot))
+    if binds:
+        ledger.admit(res, needs_of(scopes, limits, res, now), now)
     return res
+
+
+def needs_of(scopes, limits, res, now):
+    """Return the Needs of a request: one per limit that binds it, in lock order."""
+    bucket = quota.bucket_slot(now)
+    needs = []
+    for kind, sid, name in scopes:
+        lim = limits[kind]
+        for what, limit, amount, slot in (("rpm", lim.rpm, 1, bucket), ("tpm", lim.tpm, res.tokens, bucket),
+                                          ("budget", lim.budget, res.cost,
+                                           quota.budget_slot(lim.period, now))):
+            if limit:
+                needs.append(Need(row_key(kind, sid, what, slot), kind, sid, name, what, slot,
+                                  amount, limit, lim.period))
+    return needs
+
+
+def refusal(need, room, held, now):
+    """Return the LimitExceeded for a need that does not fit in the room a limit has left."""
+    who = f"{need.scope_kind} {need.name!r}"
+    if need.kind == "rpm":
+        return LimitExceeded(f"Rate limit reached for {who}: {need.limit} requests per minute "
+                             f"({need.limit - room} made, in flight or leased to gateway workers in "
+                             f"the last {quota.WINDOW_SECONDS} s).", "rate_limit_exceeded",
+                             quota.seconds_to_window_room(now), "requests")
+    if need.kind == "tpm":
+        return LimitExceeded(f"Token limit reached for {who}: {need.limit} tokens per minute "
+                             f"({need.limit - room} used or held in the last {quota.WINDOW_SECONDS} s; "
+                             f"this request may use up to {need.amount}).", "rate_limit_exceeded",
+                             quota.seconds_to_window_room(now), "tokens")
+    wait = quota.seconds_to_reset(need.period, now) or 3600
+    if held >= need.amount:
+        wait = min(wait, 2)  # what requests in flight hold comes back as they end
+    return LimitExceeded(f"Budget exhausted for {who}: {money.show(need.limit - room)} of "
+                         f"{money.show(need.limit)} spent or held per {need.period}, and this "
+                         f"request may cost up to {money.show(need.amount)}.",
+                         "insufficient_quota", wait, "insufficient_quota")
 
 
 def _limits_of(scopes, conf):
@@ -139,47 +204,6 @@ def _limits_of(scopes, conf):
              for kind, sid, _ in scopes}
     limits = quota.effective(rules, conf["limits"])
     return limits, any(lim.rpm or lim.tpm or lim.budget for lim in limits.values())
-
-
-def _window(kind, scope_kind, scope_id, now):
-    """Lock a scope's rpm or tpm window and return (what its buckets hold, its current bucket)."""
-    _counter(kind, scope_kind, scope_id, "window")  # the lock: one sum checked at a time
-    first, last = quota.window_slots(now)
-    held = (Counter.select(fn.COALESCE(fn.SUM(Counter.used + Counter.reserved), 0))
-            .where(Counter.scope_kind == scope_kind, Counter.scope_id == scope_id,
-                   Counter.kind == kind, Counter.slot >= first, Counter.slot <= last).scalar())
-    return int(held or 0), _counter(kind, scope_kind, scope_id, last)
-
-
-def _check(kind, sid, name, lim, res, now):
-    """Return the increments one scope takes, or raise when it would pass a limit."""
-    plan = []
-    who = f"{kind} {name!r}"
-    if lim.rpm:
-        held, c = _window("rpm", kind, sid, now)
-        if held + 1 > lim.rpm:
-            raise LimitExceeded(f"Rate limit reached for {who}: {lim.rpm} requests per minute "
-                                f"({held} in the last {quota.WINDOW_SECONDS} s).",
-                                "rate_limit_exceeded", quota.seconds_to_window_room(now), "requests")
-        plan.append((c, "used", 1, "rpm"))
-    if lim.tpm:
-        held, c = _window("tpm", kind, sid, now)
-        if held + res.tokens > lim.tpm:
-            raise LimitExceeded(f"Token limit reached for {who}: {lim.tpm} tokens per minute "
-                                f"({held} used or held in the last {quota.WINDOW_SECONDS} s; this "
-                                f"request may use up to {res.tokens}).",
-                                "rate_limit_exceeded", quota.seconds_to_window_room(now), "tokens")
-        plan.append((c, "reserved", res.tokens, "tpm"))
-    if lim.budget:
-        c = _counter("budget", kind, sid, quota.budget_slot(lim.period, now))
-        if c.used + c.reserved + res.cost > lim.budget:
-            wait = quota.seconds_to_reset(lim.period, now)
-            raise LimitExceeded(f"Budget exhausted for {who}: {money.show(c.used + c.reserved)} of "
-                                f"{money.show(lim.budget)} spent or held per {lim.period}, and this "
-                                f"request may cost up to {money.show(res.cost)}.",
-                                "insufficient_quota", wait or 3600, "insufficient_quota")
-        plan.append((c, "reserved", res.cost, "budget"))
-    return plan
 
 
 def allowed(key, model):

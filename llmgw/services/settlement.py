@@ -1,16 +1,18 @@
 """Settle finished requests off the request path, many in one transaction.
 
-A response ends by handing its numbers to the worker's Settlement and returning; a
-background thread (a greenlet under gevent) settles what has gathered every FLUSH_SECONDS:
-one transaction moves every reservation to what was really used and inserts every usage
-row. Until then a reservation stays held, so a limit can only be stricter for those
-milliseconds, never looser. Counter rows are updated in one fixed order (the order in
-which admission locks them), so two control planes on PostgreSQL cannot deadlock.
+A response ends by handing its numbers to the worker's Settlement and returning: what it
+used is spent from the worker's leased slices at once (services/leases.py). A background
+thread (a greenlet under gevent) settles what has gathered every FLUSH_SECONDS: one
+transaction moves what the slices spent from reserved to used, gives back slices that are
+over, counts every request in every scope and inserts every usage row. Until then what was
+spent stays reserved, so a limit can only be stricter for those milliseconds, never looser.
+Counter rows are updated in one fixed order (the order in which admission locks them), so two
+control planes on PostgreSQL cannot deadlock. The same thread beats for the worker and
+recovers dead workers (services/recovery.py).
 """
 import atexit
-import datetime
 import collections
-import contextlib
+import datetime
 import logging
 import os
 import threading
@@ -19,9 +21,10 @@ import time
 import peewee
 from peewee import fn
 
-from ..models import Counter, Usage, database, utcnow
+from ..models import Counter, utcnow
 from ..plans import quota
-from .quota import KIND_ORDER, transaction
+from . import counting, recovery
+from .leases import BEAT_SECONDS, Ledger, WorkerLost
 
 log = logging.getLogger("llmgw.settlement")
 FLUSH_SECONDS = 0.1
@@ -39,8 +42,18 @@ TOKENS_MAX = 2**31 - 1  # the usage columns are 4-byte integers on PostgreSQL
 
 
 class Settlement:
-    def __init__(self, flush_seconds=FLUSH_SECONDS):
+    """A worker's queue of finished requests and its leased slices, written every
+    flush_seconds by a background thread, which also beats for the worker.
+
+    resident: the thread runs for the worker's life (a gunicorn worker, so that dead workers
+    are recovered even while no request comes); otherwise it stops after a while idle.
+    """
+
+    def __init__(self, flush_seconds=FLUSH_SECONDS, ledger=None, resident=False):
         self.flush_seconds = flush_seconds
+        self.ledger = ledger or Ledger()
+        self.resident = resident
+        self.beaten_at = 0.0
         self.pending = collections.deque()
         self.lock = threading.Lock()        # guards pending
         self.writing = threading.Lock()     # held while a batch is taken and written
@@ -69,13 +82,14 @@ class Settlement:
         prompt_tokens = max(0, min(int(prompt_tokens), TOKENS_MAX))
         completion_tokens = max(0, min(int(completion_tokens), TOKENS_MAX))
         actual = quota.cost(prompt_tokens, completion_tokens, res.price)
+        self.ledger.finish(res, prompt_tokens + completion_tokens, actual)
         item = (res, prompt_tokens, completion_tokens, actual, status, endpoint,
                 int((time.monotonic() - res.started) * 1000), utcnow())
         with self.lock:
             self.pending.append(item)
             if len(self.pending) > MAX_PENDING:
                 # The database has been away a long while. Dropping the oldest loses its usage
-                # row and leaves its reservation held: limits err on the strict side.
+                # row; what it used was spent from the slices and is still counted.
                 self.pending.popleft()
                 self.dropped += 1
                 if self.dropped % 1000 == 1:
@@ -85,6 +99,10 @@ class Settlement:
                 return actual  # only at exit, after close() settled: written by nobody
             self._ensure_thread()
         return actual
+
+    def start(self):
+        with self.lock:
+            self._ensure_thread()
 
     def _ensure_thread(self):
         if self.thread is None or not self.thread.is_alive() or self.pid != os.getpid():
@@ -98,30 +116,56 @@ class Settlement:
             # While the database refuses batches, try again less and less often (up to 5 s).
             backoff = min(5.0, time.monotonic() - self.failing_since) if self.failing_since else 0
             time.sleep(max(self.flush_seconds, backoff))
-            if self.flush():
+            if self.flush() or not self.ledger.idle():
                 idle_since = time.monotonic()
+            # A worker beats while it holds or runs anything, and a gunicorn worker always
+            # (so that it notices dead workers); a test's or a command's settlement otherwise not.
+            if time.monotonic() - self.beaten_at >= BEAT_SECONDS and not self.closed and (
+                    self.resident or not self.ledger.idle()):
+                self.beaten_at = time.monotonic()
+                self._beat()
             if time.monotonic() - self.pruned_at > PRUNE_SECONDS and not self.failing_since:
                 self.pruned_at = time.monotonic()
                 try:
                     prune()
                 except Exception as e:  # the next pass tries again; nothing depends on it
                     log.warning("pruning old counters failed: %s", e)
-            elif time.monotonic() - idle_since > IDLE_EXIT_SECONDS:
+            elif not self.resident and time.monotonic() - idle_since > IDLE_EXIT_SECONDS:
                 with self.lock:
-                    if not self.pending:
+                    if not self.pending and not self.refusals and self.ledger.idle():
                         self.thread = None
+                        self._deregister()
                         return
+
+    def _beat(self):
+        """Beat for this worker; once its own beats run without a gap, recover dead workers."""
+        try:
+            if self.ledger.beat():
+                recovery.recover_dead(self.ledger.dead_after)
+        except Exception as e:  # the database is away: the next beat tries again
+            log.warning("the gateway worker's heartbeat failed: %s", str(e).strip())
+
+    def _deregister(self):
+        try:
+            self.ledger.deregister()
+        except Exception as e:
+            log.warning("removing the gateway worker's row failed: %s", str(e).strip())
 
     def close(self):
         """Settle what is left and stop the thread (a worker's exit, the end of a test); waits
         for a batch being written."""
         self.closed = True
         atexit.unregister(self.close)
+        thread = self.thread
+        if thread is not None and thread is not threading.current_thread() and self.pid == os.getpid():
+            thread.join(timeout=max(1.0, self.flush_seconds * 2) if self.flush_seconds < 60 else 0.1)
+        self.ledger.give_back_all()
         self.flush()
+        self._deregister()
         if self.pending:
             log.error("%d finished requests could not be settled before exit: their usage rows "
-                      "are lost and their reservations stay held until their windows end",
-                      len(self.pending))
+                      "are lost, and this worker's leases are released when other workers find "
+                      "its beat stopped", len(self.pending))
 
     def flush(self):
         """Settle everything queued now; return how many requests left the queue."""
@@ -131,13 +175,22 @@ class Settlement:
                 with self.lock:
                     batch = [self.pending.popleft() for _ in range(min(MAX_BATCH, len(self.pending)))]
                     refused, self.refusals = self.refusals, collections.Counter()
-                if not batch and not refused:
-                    return done
+                lost = [item[0].request_id for item in batch
+                        if any(s.dead for s, _, _ in item[0].holds)]
+                if lost:  # billed by the recovery perhaps: settled only if it was not
+                    self.uncertain.update(lost)
                 taken = len(batch)
                 try:
                     if self.uncertain:
                         batch = self._not_yet_written(batch)
-                    _write(batch, list(refused.elements()))
+                    if not self._write(batch, refused) and not batch:
+                        return done
+                except WorkerLost:
+                    self.ledger.lost()
+                    with self.lock:
+                        self.refusals.update(refused)
+                        self.pending.extendleft(reversed(batch))
+                    continue
                 except Exception as e:
                     with self.lock:
                         self.refusals.update(refused)  # counted with a later batch
@@ -160,9 +213,8 @@ class Settlement:
         ids = [item[0].request_id for item in batch if item[0].request_id in self.uncertain]
         if not ids:
             return batch
-        with _connected():
-            written = {row.request_id for row in Usage.select(Usage.request_id).where(
-                Usage.request_id.in_(ids))}
+        with counting.connected():
+            written = counting.written(ids)
         self.uncertain.difference_update(ids)
         if written:
             log.warning("%d requests were settled by a commit whose answer was lost; they are "
@@ -178,17 +230,46 @@ class Settlement:
             return batch  # the database itself is away (or its schema is): keep all, in order
         for i, item in enumerate(batch):
             try:
-                _write([item])
+                self._write([item])
             except REFUSED:
                 res = item[0]
                 log.exception("the database refuses to settle one request (key %s, model %r, "
-                              "%s prompt and %s completion tokens); its usage row is lost and its "
-                              "reservation stays held until its window ends",
+                              "%s prompt and %s completion tokens); its usage row is lost (what "
+                              "its limits counted of it stays counted)",
                               res.key_id, res.model, item[1], item[2])
             except Exception as e:
                 self._failing(e, len(batch) - i, batch[i:])
                 return batch[i:]
         return []
+
+    def _write(self, batch, refused=()):
+        """Settle a batch in one transaction: what the slices spent moves from reserved to used
+        and out of the worker's leases (with the free part of slices that are over), every
+        request is counted in the rows no slice of its counts it in, usage rows go in. Return
+        whether anything was written.
+
+        refused: Counter of (key id, OpenAI error type, day) -> requests turned away with a 429.
+        """
+        changes = counting.Changes()
+        taken = self.ledger.take_changes(changes)
+        rows = []
+        for res, prompt, completion, actual, status, endpoint, latency, ended in batch:
+            counted = {s.key for s, _, _ in res.holds if not s.dead}
+            changes.count(res, prompt + completion, actual, counted)
+            rows.append(counting.usage_row(res, prompt, completion, actual, status, endpoint,
+                                           latency, ended))
+        for (key_id, kind, day), n in refused.items() if refused else ():
+            changes.refused(key_id, kind, day, n)
+        if not rows and not changes.rows:
+            return False
+        with counting.connected(), counting.transaction():
+            if taken:
+                self.ledger.own_row()  # first: the order recovery locks rows in
+            changes.apply()
+            self.ledger.write_leases(taken)
+            counting.insert_usage(rows)
+        self.ledger.settled(taken)
+        return True
 
     def _failing(self, error, count, batch=()):
         self.uncertain.update(item[0].request_id for item in batch)
@@ -196,92 +277,6 @@ class Settlement:
             self.failing_since = time.monotonic()
             log.error("settling %d requests failed (%s); their reservations stay held and they "
                       "are tried again until the database takes them", count, str(error).strip())
-
-
-USAGE_COLUMNS = ("key_id", "project_id", "model", "prompt_tokens", "completion_tokens", "cost",
-                 "latency_ms", "status", "endpoint", "created", "request_id")
-
-
-def _stamp(when):
-    # What peewee stores for a DateTimeField: SQLite keeps text, PostgreSQL a timestamp.
-    return str(when) if isinstance(database.obj, peewee.SqliteDatabase) else when
-
-
-def _insert_usage(rows):
-    """One prepared INSERT run for every row (peewee would build the SQL text row by row)."""
-    if not rows:
-        return
-    db = database.obj
-    marks = ", ".join([db.param] * len(USAGE_COLUMNS))
-    sql = f'INSERT INTO "{Usage._meta.table_name}" ({", ".join(USAGE_COLUMNS)}) VALUES ({marks})'
-    with peewee.__exception_wrapper__:  # the driver's errors as peewee's, as for other queries
-        db.cursor().executemany(sql, rows)
-
-
-def _write(batch, refused=()):
-    """Settle a batch in one transaction: every reservation moves to what was used, every scope
-    of every request counts its request, tokens and cost (limited or not), usage rows go in.
-
-    refused: ((key id, OpenAI error type, day), …) of requests turned away with a 429.
-    """
-    # (lock order, scope kind, scope id, kind, slot) -> [change of reserved, change of used, row id]
-    changes = collections.defaultdict(lambda: [0, 0, None])
-    rows = []  # in USAGE_COLUMNS order
-    for res, prompt, completion, actual, status, endpoint, latency, ended in batch:
-        for order, counter_id, what, slot in res.counters:
-            c = changes[(order, *res.scopes[order[0]], what, slot)]
-            c[2] = counter_id
-            if what == "tpm":
-                c[0] -= res.tokens
-                c[1] += prompt + completion
-            elif what == "budget":
-                c[0] -= res.cost
-                c[1] += actual
-        _count_everywhere(changes, res, prompt + completion, actual)
-        rows.append((res.key_id, res.project_id, res.model, prompt, completion, actual, latency,
-                     status, endpoint, _stamp(ended), res.request_id))
-    for key_id, kind, day in refused:
-        changes[((0, key_id, KIND_ORDER["refused"]), "key", key_id, f"refused_{kind}", day)][1] += 1
-    with _connected(), transaction():
-        # Sorted as admission locks rows (scope, kind, slot): two writers never wait in a circle.
-        for (_, scope_kind, scope_id, kind, slot), (reserved, used, row) in sorted(changes.items()):
-            if row is not None and (reserved or used):
-                Counter.update(reserved=Counter.reserved + reserved,
-                               used=Counter.used + used).where(Counter.id == row).execute()
-            elif used:
-                Counter.insert(scope_kind=scope_kind, scope_id=scope_id, kind=kind, slot=slot,
-                               used=used).on_conflict(
-                    conflict_target=[Counter.scope_kind, Counter.scope_id, Counter.kind, Counter.slot],
-                    update={Counter.used: Counter.used + used}).execute()
-        _insert_usage(rows)
-
-
-def _count_everywhere(changes, res, tokens, cost):
-    """Count a request in its scopes' rpm and tpm buckets and in all four budget periods,
-    where its reservation does not already count it; those rows are in changes already."""
-    if not res.scopes or res.admitted is None:
-        return
-    bucket = quota.bucket_slot(res.admitted)
-    counts = [("rpm", bucket, 1), ("tpm", bucket, tokens)]
-    counts += [("budget", slot, cost) for slot in quota.budget_slots(res.admitted).values()]
-    reserved = {(order[0], what, slot) for order, _, what, slot in res.counters}
-    for rank, (scope_kind, scope_id) in enumerate(res.scopes):
-        for kind, slot, amount in counts:
-            if amount and (rank, kind, slot) not in reserved:
-                changes[((rank, scope_id, KIND_ORDER[kind]), scope_kind, scope_id, kind, slot)][1] += amount
-
-
-@contextlib.contextmanager
-def _connected():
-    """This thread's connection for the block, given back after unless it was open before."""
-    opened = database.is_closed()
-    if opened:
-        database.connect()
-    try:
-        yield
-    finally:
-        if opened:
-            database.close()
 
 
 def prune(now=None):
@@ -298,5 +293,5 @@ def prune(now=None):
         old |= ((Counter.kind == "budget") & (fn.LENGTH(Counter.slot) == length) & (Counter.slot < slot))
     refused = (now - datetime.timedelta(days=REFUSED_KEPT_DAYS)).strftime("%Y-%m-%d")
     old |= (Counter.kind.startswith("refused_") & (Counter.slot < refused))
-    with _connected():
+    with counting.connected():
         return Counter.delete().where(old & (Counter.reserved == 0)).execute()

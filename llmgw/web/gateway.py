@@ -9,6 +9,7 @@ import functools
 from flask import Blueprint, current_app, jsonify, request
 from werkzeug.exceptions import HTTPException
 
+from ..db import DatabaseAway
 from ..plans import request_check
 from ..services import quota, tenancy
 from . import relay as relay_mod
@@ -29,6 +30,16 @@ def json_errors(app):
             return e
         kind = "invalid_request_error" if e.code < 500 else "server_error"
         return error(e.code, f"{e.name}: {e.description}", kind)
+
+    @app.errorhandler(DatabaseAway)
+    def _database_away(e):
+        # What the workers know (keys, routes, limits' leased slices) keeps serving; what
+        # needs the database fails closed.
+        if not request.path.startswith("/v1/"):
+            return "The database cannot be reached; try again shortly.", 503
+        return error(503, f"The gateway cannot reach its database ({e}), and this request needs "
+                          f"it (a key or a limit it has not seen lately); try again shortly.",
+                     "server_error", "database_unavailable", headers={"Retry-After": "5"})
 
     @app.errorhandler(Exception)
     def _unexpected(e):
@@ -117,7 +128,7 @@ def relay(path):
                      "no_ready_replica", headers={"Retry-After": "5"})
     try:
         reservation = quota.reserve(key, served, body, current_app.config["LLMGW"],
-                                    lookups=caches()[2])
+                                    relay_mod.settlement().ledger, lookups=caches()[2])
     except quota.LimitExceeded as e:
         relay_mod.settlement().refused(key.id, e.kind)
         return error(429, str(e), e.kind, e.code, headers={"Retry-After": str(e.retry_after)})

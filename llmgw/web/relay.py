@@ -4,6 +4,7 @@ import time
 
 from flask import Response, current_app, stream_with_context
 
+from ..services.leases import Ledger
 from ..services.settlement import Settlement
 from .openai_errors import error
 from .upstream_http import Broken, ConnectFailed, HeadTimeout, ReadTimedOut
@@ -14,8 +15,17 @@ def settlement():
     """Return this app's Settlement (one per worker process, or per test app)."""
     got = current_app.extensions.get("llmgw.settlement")
     if got is None:
-        got = current_app.extensions["llmgw.settlement"] = Settlement()
+        dead_after = current_app.config["LLMGW"]["gateway"]["worker_dead_after"]
+        got = current_app.extensions["llmgw.settlement"] = Settlement(ledger=Ledger(dead_after))
     return got
+
+
+def start_resident(app):
+    """In a gunicorn worker: its Settlement's thread runs from now until the worker exits."""
+    with app.app_context():
+        got = settlement()
+        got.resident = True
+        got.start()
 
 
 class UpstreamFailed(Exception):
@@ -30,11 +40,17 @@ class UpstreamFailed(Exception):
 def forward(endpoints, path, body, reservation, routes):
     """Send the request to the first endpoint that answers; relay its response as it comes."""
     g = current_app.config["LLMGW"]["gateway"]
-    settle = settlement().add
+    settling = settlement()
+    settle = settling.add
     stream = bool(body.get("stream"))
+    tap = UsageTap(True) if stream else None
+    # Until it ends, the worker's heartbeat carries what it relayed: billed if the worker dies.
+    settling.ledger.inflight[reservation.request_id] = (
+        reservation, (lambda: tap.content_events) if tap else (lambda: 0))
     wants_usage = True
     if stream:
         body, wants_usage = ask_for_usage(body)
+        tap.client_wants_usage = wants_usage
     data = json.dumps(body).encode()
     deadline = time.monotonic() + g["generation_timeout"]
     # A stream's headers come before the first token; a whole answer's come after the last.
@@ -60,9 +76,9 @@ def forward(endpoints, path, body, reservation, routes):
             routes.inflight[endpoint] -= 1
             last = e
             continue  # nothing reached the client yet, so another replica may answer
+        reservation.endpoint = endpoint
         if stream:
-            return _relay(upstream, endpoint, routes, reservation, UsageTap(wants_usage), settle,
-                          deadline, g)
+            return _relay(upstream, endpoint, routes, reservation, tap, settle, deadline, g)
         return _whole(upstream, endpoint, routes, reservation, settle, deadline, g)
     settle(reservation, 0, 0, 502)
     return error(502, f"No replica answered ({last}).", "server_error", "upstream_unreachable",

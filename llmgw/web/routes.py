@@ -9,6 +9,7 @@ import time
 from flask import current_app
 
 from .. import secrets_box
+from ..db import AWAY, DatabaseAway
 from ..models import Endpoint, Model, Node, Replica
 from ..plans import routing
 from ..plans.replica_state import ROUTED
@@ -38,6 +39,15 @@ class Routes:
     def refresh(self, max_age):
         if time.monotonic() - self.loaded < max_age:
             return
+        try:
+            self._load()
+        except AWAY as e:
+            if not self.loaded:
+                raise DatabaseAway(str(e).strip()) from e
+            # The database is away: route as last known, and ask again in a second.
+            self.loaded = time.monotonic() - max_age + min(max_age, 1.0)
+
+    def _load(self):
         with self.lock:
             models = {m.name: {"ready": [], "why": _placement_why(m), "fallbacks": m.fallbacks or []}
                       for m in Model.select()}

@@ -227,3 +227,64 @@ def project_counter(root, project):
         return db.execute("SELECT SUM(c.used), SUM(c.reserved) FROM counter c JOIN project p "
                           "ON p.id = c.scope_id WHERE c.kind = 'budget' AND c.scope_kind = 'project' "
                           "AND c.slot = 'all' AND p.name = ?", (project,)).fetchone()
+
+
+def test_a_worker_killed_mid_stream_is_recovered_its_leases_released_and_its_stream_billed(plane):
+    """SIGKILL the gunicorn worker relaying a stream: within a minute another worker releases
+    what the dead one leased and bills the stream for what it had relayed by its last beat."""
+    import http.client
+    root = plane["root"]
+    cli(root, "project-create", "killed", "--team", "default")
+    key = cli(root, "keys", "create", "--project", "killed").stdout.strip()
+    cli(root, "limits", "set", "--project", "killed", "--budget", "1000", "--tpm", "10000000",
+        "--period", "never")
+    time.sleep(1.5)  # workers read limits at most once a second
+    host, port = plane["url"].removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    conn.request("POST", "/v1/chat/completions", headers={
+        "Authorization": f"Bearer {key}", "Content-Type": "application/json"}, body=json.dumps(
+        {"model": "demo", "max_tokens": 400, "stream": True,  # 20 s at 50 ms a token
+         "messages": [{"role": "user", "content": "go"}]}))
+    resp = conn.getresponse()
+    request_id = resp.getheader("X-Request-Id")
+    received = 0
+    while received < 30:
+        if b'"content"' in resp.readline():
+            received += 1
+
+    def beat_shows_it():  # its worker's last beat has it in flight with what it relayed
+        with sqlite3.connect(root / "llmgw.db") as db:
+            for worker, inflight in db.execute("SELECT id, inflight FROM gateway_worker"):
+                for entry in json.loads(inflight):
+                    if entry["id"] == request_id and entry["completion"] >= 20:
+                        return worker, entry["completion"]
+        return None
+    worker, snapshot = wait_for("a beat with the stream in flight", beat_shows_it, timeout=10, every=0.2)
+    local = conn.sock.getsockname()[1]
+    owner = subprocess.run(["ss", "-Htnp", "state", "established", "dst", f"127.0.0.1:{local}"],
+                           capture_output=True, text=True).stdout
+    pid = int(re.search(r"pid=(\d+)", owner).group(1))
+    assert f"-{pid}-" in worker  # the worker that beats for it is the one relaying it
+    os.kill(pid, 9)
+    try:
+        while resp.readline():
+            received += 1
+    except (OSError, http.client.HTTPException):
+        pass  # the connection broke with the worker
+    conn.close()
+
+    def recovered():
+        with sqlite3.connect(root / "llmgw.db") as db:
+            row = db.execute("SELECT completion_tokens, status FROM usage WHERE request_id = ?",
+                             (request_id,)).fetchone()
+            held = db.execute("SELECT COALESCE(SUM(c.reserved), 0) FROM counter c JOIN project p ON "
+                              "p.id = c.scope_id WHERE c.scope_kind = 'project' AND p.name = 'killed'"
+                              ).fetchone()[0]
+            leases = db.execute("SELECT COUNT(*) FROM lease WHERE worker = ?", (worker,)).fetchone()[0]
+            alive = db.execute("SELECT COUNT(*) FROM gateway_worker WHERE id = ?", (worker,)).fetchone()[0]
+        return row and held == 0 and leases == 0 and alive == 0 and row
+    started = time.monotonic()
+    completion, status = wait_for("the dead worker's recovery", recovered, timeout=60, every=0.5)
+    print(f"recovered {time.monotonic() - started:.1f} s after the kill; billed {completion} of "
+          f"{received} tokens received (the last beat had {snapshot})")
+    assert status == 502 and snapshot <= completion <= received
