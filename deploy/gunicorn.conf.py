@@ -12,8 +12,12 @@ max_requests = 1000000
 max_requests_jitter = 100000
 # Long generations stream for minutes; gevent workers heartbeat independently of requests.
 timeout = 120
-graceful_timeout = 30
+# A stopping worker gives its requests gateway.shutdown_grace, then ends the rest with an error
+# (an error event for streams) and bills them. A connection kept alive after its last answer is
+# waited on for `keepalive` seconds more; gunicorn kills the worker (and its exit, which gives
+# back its leases, never runs) only after all that.
 keepalive = 5
+graceful_timeout = _conf["gateway"]["shutdown_grace"] + keepalive + 5
 # gunicorn 27 otherwise creates ~/.gunicorn/gunicorn.ctl.
 control_socket_disable = True
 # Off unless server.access_log names a file ("-": standard output). Every /v1 request is a
@@ -24,5 +28,6 @@ accesslog = _conf["server"]["access_log"] or None
 def post_worker_init(worker):
     """Start the worker's settlement thread at once and for its whole life: it settles, gives
     back leased slices, beats, and recovers dead workers even while no request comes."""
-    from llmgw.web.relay import start_resident
+    from llmgw.web.relay import start_resident, watch_shutdown
     start_resident(worker.wsgi)
+    watch_shutdown(worker, _conf["gateway"]["shutdown_grace"])

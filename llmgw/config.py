@@ -71,6 +71,7 @@ DEFAULTS = {
     },
     "gateway": {
         "worker_dead_after": 30,
+        "shutdown_grace": 25,
         "connect_timeout": 5,
         "first_byte_timeout": 300,
         "read_timeout": 600,

@@ -166,3 +166,28 @@ def test_window_slices_are_given_back_when_their_bucket_ends(app):
     s.close()
 
 
+
+
+def test_the_next_bucket_is_leased_ahead_so_requests_do_not_wait_for_it(app):
+    key = _limited(rpm=1_000_000)
+    s = Settlement(flush_seconds=3600)
+    conf = app.config["LLMGW"]
+    deadline = time.monotonic() + 3 * plans.BUCKET_SECONDS
+    while plans.epoch(utcnow()) % plans.BUCKET_SECONDS < plans.BUCKET_SECONDS - 0.9:
+        assert time.monotonic() < deadline  # into the last 0.9 s of a bucket
+        time.sleep(0.02)
+    res = quota.reserve(key, "demo", BODY, conf, s.ledger)
+    bucket = plans.bucket_slot(utcnow())
+    s.ledger.lease_ahead()
+    upcoming = str(int(bucket) + plans.BUCKET_SECONDS)
+    ahead = [k for k in s.ledger.slices if k[3] == "rpm" and k[4] == upcoming]
+    row = Counter.get(Counter.kind == "rpm", Counter.scope_kind == "project", Counter.slot == upcoming)
+    if plans.bucket_slot(utcnow()) == bucket:  # (the bucket did not turn while it leased)
+        assert ahead and row.reserved == s.ledger.slices[ahead[0]].granted
+    first, last = plans.window_slots_of(upcoming)
+    window = Counter.select().where(Counter.kind == "rpm", Counter.scope_kind == "project",
+                                    Counter.slot >= first, Counter.slot <= last)
+    assert sum(c.used + c.reserved for c in window) <= 1_000_000
+    s.add(res, 1, 1, 200)
+    s.close()  # both slices, this bucket's and the next one's, go back
+    assert Lease.select().count() == 0

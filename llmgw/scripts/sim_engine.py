@@ -8,6 +8,8 @@ Its replies are made-up words, produced at a steady pace, and say so.
 import argparse
 import hashlib
 import json
+import select
+import socket
 import sys
 import threading
 import time
@@ -97,6 +99,14 @@ class Handler(BaseHTTPRequestHandler):
         ident = "sim-%d" % int(time.time() * 1000)
         if body.get("stream"):
             return self._stream(ident, chat, words, usage, body, choices)
+        # With --whole-delay a whole answer takes its time too; like llama-server and vLLM,
+        # generation then stops when the client closes its connection.
+        for _ in words if self.server.whole_delay else ():
+            time.sleep(self.server.whole_delay)
+            if self._client_gone():
+                self.log_message("client went away before the answer; generation stopped")
+                self.close_connection = True
+                return None
         text = " ".join(words)
         made = [({"index": i, "message": {"role": "assistant", "content": text},
                   "finish_reason": "length"} if chat else
@@ -104,6 +114,14 @@ class Handler(BaseHTTPRequestHandler):
         self._json(200, {"id": ident, "object": "chat.completion" if chat else "text_completion",
                          "created": int(time.time()), "model": self.server.model,
                          "choices": made, "usage": usage})
+
+    def _client_gone(self):
+        """Whether the client closed its connection (readable with nothing to read)."""
+        try:
+            ready, _, _ = select.select([self.connection], [], [], 0)
+            return bool(ready) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
 
     def _stream(self, ident, chat, words, usage, body, choices=1):
         self.send_response(200)
@@ -162,6 +180,8 @@ def main(argv=None):
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8081)
     p.add_argument("--token-delay", type=float, default=0.02, help="seconds between streamed tokens")
+    p.add_argument("--whole-delay", type=float, default=0.0,
+                   help="seconds per token of an answer that is not streamed (0: it comes at once)")
     p.add_argument("--first-byte-delay", type=float, default=0.0,
                    help="seconds before answering at all (a long prompt being read)")
     p.add_argument("--prefill-delay", type=float, default=0.0,
@@ -181,7 +201,7 @@ def main(argv=None):
     server = ThreadingHTTPServer((args.host, args.port), Handler)
     server.daemon_threads = True
     server.model, server.delay, server.first_byte_delay = args.model, args.token_delay, args.first_byte_delay
-    server.prefill_delay = args.prefill_delay
+    server.prefill_delay, server.whole_delay = args.prefill_delay, args.whole_delay
     server.default_tokens = args.default_tokens
     server.count = (lambda text: len(text) + 1) if args.count == "chars" else \
         (lambda text: len(text.split()) + 1)

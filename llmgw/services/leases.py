@@ -6,8 +6,8 @@ budget period's money) in one transaction: the counter's `reserved` grows by the
 memory. A request holds its worst case of each slice while it runs; when it ends, what it
 really used is spent, the rest is free again at once. Every settlement batch moves what was
 spent from `reserved` to `used` (and out of the lease), and gives back the free part of
-slices that ran out of time: budget slices LEASE_SECONDS after they were granted, rpm/tpm
-slices when their bucket ends. So the counter's used + reserved never passes the limit, across
+slices that are over: budget slices nobody took from for LEASE_SECONDS, rpm/tpm slices when
+their bucket ends. So the counter's used + reserved never passes the limit, across
 workers and control planes, and at most one slice's worth per worker is held unused.
 
 A slice is larger than one request only while the limit has room for ROOMY such requests
@@ -17,6 +17,7 @@ worst case, as if each were reserved by itself, so the last requests are admitte
 The worker beats every BEAT_SECONDS with a snapshot of its requests in flight
 (services/recovery.py bills those of a worker whose beat stopped, and releases its leases).
 """
+import dataclasses
 import logging
 import os
 import socket
@@ -34,6 +35,7 @@ from .quota import LimitExceeded, locked_room, refusal
 log = logging.getLogger("llmgw.leases")
 BEAT_SECONDS = 1.0
 LEASE_SECONDS = 2.0
+AHEAD_SECONDS = 1.0
 ROOMY = 64
 SHARE = 8
 
@@ -50,9 +52,10 @@ class Slice:
     granted: int = 0  # what the lease holds: settled or given back, it leaves this
     held: int = 0  # worst cases of requests running
     spent: int = 0  # used by requests that ended, not yet settled
-    until: float = 0.0  # monotonic: a budget slice's free part goes back after this
+    until: float = 0.0  # monotonic: a budget slice idle until then goes back
     dead: bool = False  # its lease was released by another worker's recovery
     tight: bool = False  # granted for one request near the limit's end: not shared, given back
+    need: object = None  # the Need it was first leased for (to lease the next bucket ahead)
     taken: bool = False  # a request took from it
 
     @property
@@ -102,10 +105,12 @@ class Ledger:
         with self.lock:
             if any(self._free(n) < n.amount for n in needs):
                 return False
+            now = time.monotonic()
             for n in needs:
                 s = self.slices[n.key]
                 s.held += n.amount
                 s.taken = True
+                s.until = now + LEASE_SECONDS
                 res.holds.append((s, n.amount, n.kind))
         return True
 
@@ -141,9 +146,33 @@ class Ledger:
                 if s is None or s.dead or _expired(s) or s.tight or tight:
                     if s is not None and not s.dead:
                         self.retired.append(s)  # its free part is on its way back
-                    s = self.slices[n.key] = Slice(n.key, row_id, n.window, tight=tight)
+                    s = self.slices[n.key] = Slice(n.key, row_id, n.window, tight=tight, need=n)
                 s.granted += grant
                 s.until = time.monotonic() + LEASE_SECONDS
+
+    def lease_ahead(self):
+        """Lease the next bucket's slice of every rpm/tpm slice in use, in the last
+        AHEAD_SECONDS of its bucket, so that requests do not all wait for a lease transaction
+        when the bucket turns. Run by the settlement thread; a refusal is left to requests."""
+        now = utcnow()
+        left = plans.BUCKET_SECONDS - plans.epoch(now) % plans.BUCKET_SECONDS
+        if left > AHEAD_SECONDS:
+            return
+        bucket = plans.bucket_slot(now)
+        upcoming = str(int(bucket) + plans.BUCKET_SECONDS)
+        with self.lock:
+            needs = []
+            for s in self.slices.values():
+                if s.window and s.taken and not s.tight and not s.dead and s.key[4] == bucket:
+                    n = dataclasses.replace(s.need, slot=upcoming, key=s.key[:4] + (upcoming,))
+                    if n.key not in self.slices:
+                        needs.append(n)
+        if needs:
+            with self.growing:
+                try:
+                    self._lease(needs, now)
+                except LimitExceeded:
+                    pass
 
     # Ending and settling --------------------------------------------------------------------
 

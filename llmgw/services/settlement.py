@@ -118,6 +118,11 @@ class Settlement:
             time.sleep(max(self.flush_seconds, backoff))
             if self.flush() or not self.ledger.idle():
                 idle_since = time.monotonic()
+            if not self.failing_since:
+                try:
+                    self.ledger.lease_ahead()
+                except Exception as e:  # requests lease for themselves
+                    log.warning("leasing the next bucket ahead failed: %s", str(e).strip())
             # A worker beats while it holds or runs anything, and a gunicorn worker always
             # (so that it notices dead workers); a test's or a command's settlement otherwise not.
             if time.monotonic() - self.beaten_at >= BEAT_SECONDS and not self.closed and (

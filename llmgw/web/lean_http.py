@@ -218,6 +218,9 @@ class LeanPool:
             if not heard and e.errno in _RESET:
                 raise _Dead() from e
             raise ConnectFailed(f"the connection failed: {e}") from e
+        except BaseException:
+            sock.close()  # interrupted (the client left, the worker stops): the engine stops too
+            raise
 
 
 def _parse_head(pool, key, sock, buf, end):

@@ -1,8 +1,11 @@
 """Send an admitted request to a replica and relay the answer unbuffered, metering what it used."""
+import contextlib
 import json
+import os
+import socket
 import time
 
-from flask import Response, current_app, stream_with_context
+from flask import Response, current_app, request, stream_with_context
 
 from ..services.leases import Ledger
 from ..services.settlement import Settlement
@@ -37,6 +40,126 @@ class UpstreamFailed(Exception):
         self.status, self.code = status, code
 
 
+class ShuttingDown(UpstreamFailed):
+    """The worker is stopping and its grace for requests in flight is over."""
+
+    def __init__(self, grace):
+        super().__init__(f"the gateway is shutting down and its {grace:g} s for requests in flight "
+                         f"(gateway.shutdown_grace) are over; send the request again", 503,
+                         "gateway_shutdown")
+
+
+class ClientGone(Exception):
+    """The client closed its connection while its whole answer was awaited."""
+
+
+# Request greenlets relaying an answer, interrupted with ShuttingDown when the grace is over.
+RELAYING = set()
+WATCH_AFTER = 0.5  # seconds an answer may take before the client's connection is watched
+
+
+def _hub():
+    """Return gevent's hub when this process runs under gevent (gunicorn's workers), else None."""
+    try:
+        from gevent import monkey
+    except ImportError:
+        return None
+    if not monkey.is_module_patched("socket"):
+        return None
+    import gevent
+    return gevent.get_hub()
+
+
+def begin_shutdown(grace):
+    """The worker stops taking requests: interrupt whatever is still relaying in `grace`
+    seconds, each with an OpenAI error (an error event for streams) and billed."""
+    hub = _hub()
+    if hub is None:
+        return
+
+    def interrupt():
+        for glet in list(RELAYING):
+            hub.loop.run_callback(_throw, glet, ShuttingDown(grace))
+    hub.loop.timer(max(0.0, grace)).start(interrupt)
+
+
+def watch_shutdown(worker, grace):
+    """In a gunicorn worker: when it stops taking requests (SIGTERM, a restart, max_requests),
+    give what is in flight `grace` seconds, then interrupt it (begin_shutdown)."""
+    import gevent
+
+    def watch():
+        while worker.alive:
+            gevent.sleep(0.25)
+        begin_shutdown(grace)
+    gevent.spawn(watch)
+
+
+def _throw(glet, error):
+    if glet in RELAYING and not glet.dead:
+        glet.throw(error)
+
+
+@contextlib.contextmanager
+def _relaying():
+    """Mark the current greenlet as relaying for the block (so a shutdown can interrupt it)."""
+    hub = _hub()
+    if hub is None:
+        yield
+        return
+    import gevent
+    me = gevent.getcurrent()
+    RELAYING.add(me)
+    try:
+        yield
+    finally:
+        RELAYING.discard(me)
+
+
+@contextlib.contextmanager
+def client_watch():
+    """While a whole answer is awaited, notice the client closing its connection and raise
+    ClientGone in the wait: the engine's connection is then closed, which stops its generation.
+
+    Under gevent only. A hub timer starts watching the client's socket after WATCH_AFTER, so
+    quick answers cost a timer and nothing else."""
+    sock = request.environ.get("gunicorn.socket")
+    hub = _hub()
+    if sock is None or hub is None:
+        yield
+        return
+    import gevent
+    me = gevent.getcurrent()
+    state = {"active": True, "io": None}
+
+    def readable():
+        try:
+            with socket.socket(fileno=os.dup(sock.fileno())) as peek:
+                peek.setblocking(False)
+                data = peek.recv(1, socket.MSG_PEEK)
+        except BlockingIOError:
+            return  # woken for nothing
+        except OSError:
+            data = b""
+        state["io"].stop()
+        if not data and state["active"]:  # closed; data would be a pipelined request instead
+            hub.loop.run_callback(lambda: state["active"] and me.throw(ClientGone()))
+
+    def watch():
+        if state["active"]:
+            state["io"] = hub.loop.io(sock.fileno(), 1)
+            state["io"].start(readable)
+    timer = hub.loop.timer(WATCH_AFTER)
+    timer.start(watch)
+    try:
+        yield
+    finally:
+        state["active"] = False
+        timer.close()
+        if state["io"] is not None:
+            state["io"].close()
+
+
 def forward(endpoints, path, body, reservation, routes):
     """Send the request to the first endpoint that answers; relay its response as it comes."""
     g = current_app.config["LLMGW"]["gateway"]
@@ -55,6 +178,21 @@ def forward(endpoints, path, body, reservation, routes):
     deadline = time.monotonic() + g["generation_timeout"]
     # A stream's headers come before the first token; a whole answer's come after the last.
     wait_first = g["first_byte_timeout"] if stream else g["generation_timeout"]
+    if stream:
+        with _relaying():
+            return _send(endpoints, path, data, reservation, routes, g, stream, tap, settle,
+                         deadline, wait_first)
+    try:
+        with _relaying(), client_watch():
+            return _send(endpoints, path, data, reservation, routes, g, stream, tap, settle,
+                         deadline, wait_first)
+    except ClientGone:
+        # Settled and counted down where it was raised; nobody reads this answer.
+        return error(499, "The client closed its connection.", "invalid_request_error",
+                     "client_closed", headers=_ids(reservation))
+
+
+def _send(endpoints, path, data, reservation, routes, g, stream, tap, settle, deadline, wait_first):
     last = None
     for endpoint in endpoints[:3]:
         routes.inflight[endpoint] = routes.inflight.get(endpoint, 0) + 1
@@ -76,6 +214,15 @@ def forward(endpoints, path, body, reservation, routes):
             routes.inflight[endpoint] -= 1
             last = e
             continue  # nothing reached the client yet, so another replica may answer
+        except (ClientGone, ShuttingDown) as e:
+            # The engine may have read the prompt: that much is billed.
+            routes.inflight[endpoint] -= 1
+            status = 499 if isinstance(e, ClientGone) else e.status
+            settle(reservation, *_billed(None, None, status, reservation), status, endpoint)
+            if isinstance(e, ClientGone):
+                raise
+            return error(e.status, f"The replica did not answer: {e}.", "server_error", e.code,
+                         headers=_ids(reservation))
         reservation.endpoint = endpoint
         if stream:
             return _relay(upstream, endpoint, routes, reservation, tap, settle, deadline, g)
@@ -135,6 +282,9 @@ def _whole(upstream, endpoint, routes, reservation, settle, deadline, g):
         status = e.status
         return error(e.status, f"The replica did not finish: {e}.", "server_error", e.code,
                      headers=_ids(reservation))
+    except ClientGone:
+        status = 499
+        raise
     finally:
         upstream.finish(complete)
         routes.inflight[endpoint] -= 1
@@ -147,6 +297,8 @@ def _relay(upstream, endpoint, routes, reservation, tap, settle, deadline, g):
 
     def body():
         outcome = 499  # until the end is reached, the client went away
+        relaying = _relaying()
+        relaying.__enter__()  # the generator runs in the request's greenlet: interruptible
         try:
             # Engines send a stream's headers at once and its first bytes after reading the
             # prompt: the first read is what first_byte_timeout bounds.
@@ -171,6 +323,7 @@ def _relay(upstream, endpoint, routes, reservation, tap, settle, deadline, g):
                                "param": None, "code": e.code}}
             yield b"data: " + json.dumps(event).encode() + b"\n\n"
         finally:
+            relaying.__exit__(None, None, None)
             upstream.finish(outcome == status)  # closed on a disconnect: the engine stops
             routes.inflight[endpoint] -= 1
             settle(reservation, *_billed(tap.usage, tap, outcome, reservation), outcome, endpoint)
@@ -193,8 +346,10 @@ def _billed(usage, tap, status, res):
     ignores the cap it was sent is not a way past a limit."""
     if usage:
         prompt, completion = _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))
-    elif tap is not None and (status < 400 or status in (499, 502, 504)):
+    elif tap is not None and (status < 400 or status in (499, 502, 503, 504)):
         prompt, completion = res.prompt_estimate, tap.content_events
+    elif tap is None and status in (499, 503):
+        prompt, completion = res.prompt_estimate, 0  # a whole answer given up: its prompt was read
     else:
         return 0, 0
     if res.prompt_reserved or res.completion_reserved:

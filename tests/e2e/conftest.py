@@ -100,7 +100,10 @@ def fire_streams(urls, key, n=50):
 
 def stop_served(proc, root):
     """Stop a `flask llmgw serve|demo` started in its own session, and its local node's engines."""
-    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass  # a test stopped it already
     proc.wait(timeout=60)
     for pidfile in (root / "node" / "run").glob("llmgw-*.pid"):
         try:

@@ -4,6 +4,7 @@ client that goes away stops the engine and is billed for what was generated."""
 import json
 import os
 import re
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -27,9 +28,10 @@ def plane(tmp_path_factory):
     base = free_port()
     text = text.replace("[server]", "[server]\nworkers = 4").replace(
         "interval = 5", f"interval = 1\nport_range = \"{base}-{base + 20}\"")
+    text += "\n[gateway]\nshutdown_grace = 3\n"  # the last test stops it with a stream running
     (root / "server.toml").write_text(text)
     cli(root, "model", "add", "demo", "--engine", "sim", "--replicas", "1", "--arg=--token-delay",
-        "--arg=0.05")
+        "--arg=0.05", "--arg=--whole-delay", "--arg=0.05")
     key = cli(root, "keys", "create").stdout.strip()
     cli(root, "prices", "set", "demo", "--prompt", "0", "--completion", "1")  # 0.001 a token
     env = {k: v for k, v in os.environ.items() if k != "LLMGW_ROOT"}
@@ -54,7 +56,7 @@ def plane(tmp_path_factory):
     except BaseException:
         stop_served(proc, root)  # a control plane that never answered must not outlive the test
         raise
-    yield {"root": root, "url": url, "key": key}
+    yield {"root": root, "url": url, "key": key, "proc": proc}
     stop_served(proc, root)
 
 
@@ -288,3 +290,72 @@ def test_a_worker_killed_mid_stream_is_recovered_its_leases_released_and_its_str
     print(f"recovered {time.monotonic() - started:.1f} s after the kill; billed {completion} of "
           f"{received} tokens received (the last beat had {snapshot})")
     assert status == 502 and snapshot <= completion <= received
+
+
+def _engine(root, model="demo"):
+    with sqlite3.connect(root / "llmgw.db") as db:
+        return db.execute("SELECT r.endpoint FROM replica r JOIN model m ON m.id = r.model_id "
+                          "WHERE m.name = ? AND r.state = 'ready'", (model,)).fetchone()[0]
+
+
+def _processing(engine):
+    text = requests.get(engine + "/metrics", timeout=5).text
+    return int(re.search(r"requests_processing (\d+)", text).group(1))
+
+
+def test_a_whole_answer_whose_client_leaves_stops_the_engine_and_bills_the_prompt(plane):
+    import socket as sockets
+    root, engine = plane["root"], _engine(plane["root"])
+    host, port = plane["url"].removeprefix("http://").split(":")
+    body = json.dumps({"model": "demo", "max_tokens": 400,  # 20 s of generation, not streamed
+                       "messages": [{"role": "user", "content": "leave me"}]}).encode()
+    client = sockets.create_connection((host, int(port)))
+    client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   + f"Authorization: Bearer {plane['key']}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                   + body)
+    wait_for("the engine to work on it", lambda: _processing(engine) == 1, timeout=10, every=0.1)
+    client.close()
+    started = time.monotonic()
+    wait_for("the engine to stop generating", lambda: _processing(engine) == 0, timeout=10, every=0.1)
+    print(f"the engine stopped {time.monotonic() - started:.1f} s after the client left "
+          f"(its answer would have taken 20 s)")
+    log = root / "node" / "logs" / "llmgw-demo-0.log"
+    assert "client went away before the answer" in log.read_text()
+
+    def billed():
+        with sqlite3.connect(root / "llmgw.db") as db:
+            return db.execute("SELECT prompt_tokens, completion_tokens FROM usage WHERE status = 499 "
+                              "AND completion_tokens = 0 ORDER BY id DESC LIMIT 1").fetchone()
+    prompt, completion = wait_for("its usage row", billed, timeout=10, every=0.1)
+    assert prompt > 0 and completion == 0  # the engine read its prompt
+
+
+def test_stopping_the_gateway_ends_a_long_stream_with_an_error_event_and_bills_it(plane):
+    """Runs last: it stops the module's control plane. gateway.shutdown_grace is 3 s here."""
+    r = stream(plane, 400)  # 20 s at 50 ms a token
+    request_id = r.headers["X-Request-Id"]
+    lines = r.iter_lines()
+    received = 0
+    def token(line):  # an event with generated text (not the first, empty one)
+        return b'"content"' in line and b'"content": ""' not in line
+    for line in lines:
+        if token(line):
+            received += 1
+            if received == 5:
+                break
+    stopped = time.monotonic()
+    os.killpg(plane["proc"].pid, signal.SIGTERM)  # as systemd stops it
+    rest = list(lines)  # a chunked body cut off without its end would raise here
+    errors = [json.loads(line[6:])["error"] for line in rest if line.startswith(b'data: {"error"')]
+    received += sum(1 for line in rest if token(line))
+    assert errors and errors[0]["code"] == "gateway_shutdown", rest[-3:]
+    assert "gateway.shutdown_grace" in errors[0]["message"]
+    plane["proc"].wait(timeout=60)
+    print(f"the control plane exited {time.monotonic() - stopped:.1f} s after SIGTERM; the stream had {received} tokens")
+    with sqlite3.connect(plane["root"] / "llmgw.db") as db:
+        status, completion = db.execute("SELECT status, completion_tokens FROM usage WHERE request_id = ?",
+                                        (request_id,)).fetchone()
+        held = db.execute("SELECT COALESCE(SUM(reserved), 0) FROM counter").fetchone()[0]
+        workers = db.execute("SELECT COUNT(*) FROM gateway_worker").fetchone()[0]
+    assert (status, completion) == (503, received)
+    assert held == 0 and workers == 0  # every worker gave back its slices and left
