@@ -128,7 +128,7 @@ def main():
                   f"{fmt(r['p99_ms'])} | {fmt(r['ttfc_p50_ms'])} | {fmt(r['ttfc_p99_ms'])} | "
                   f"{r['error_kinds'] or ''} |")
     print()
-    for name in ("profile.txt", "profile-stream.txt"):
+    for name in ("profile.txt", "profile-stream.txt", "profile-limits.txt"):
         if (res / name).exists():
             print(f"## py-spy profile of one llmgw worker ({name})\n")
             print("\n".join(profile_summary(res / name)) + "\n")

@@ -193,6 +193,16 @@ done
 sleep 1.5  # workers read limits at most once a second
 load "warm-limits" "http://127.0.0.1:$GW/v1" "$KEY" fake 500 "$C"
 load "ns0-limits" "http://127.0.0.1:$GW/v1" "$KEY" fake "$N" "$C"
+if [ "${BENCH_PROFILE:-0}" = 1 ]; then  # one worker under the same load with limits binding
+  SPY=$CACHE/tools-venv/bin/py-spy
+  [ -x "$SPY" ] || { $PY -m venv "$CACHE/tools-venv" && "$CACHE/tools-venv/bin/pip" install -q py-spy; }
+  load "profile-limits-load" "http://127.0.0.1:$GW/v1" "$KEY" fake 1000000 "$C" --max-seconds 25 &
+  lp=$!
+  sleep 3
+  timeout 60 "$SPY" record -p "$(worker_pids | head -1)" -d 15 -r 200 --format raw \
+    -o "$RES/profile-limits.txt" >"$WORK/pyspy-limits.log" 2>&1 || log "py-spy failed: $(tail -2 "$WORK/pyspy-limits.log")"
+  wait $lp
+fi
 for scope in "--key $PREFIX" "--project default"; do
   flaskw limits set $scope --rpm 0 --tpm 0 --budget 0 >/dev/null
 done

@@ -121,9 +121,11 @@ def test_a_batch_retried_after_its_commit_was_applied_after_all_is_not_settled_t
     s = Settlement(flush_seconds=3600)
     first, second = _reserve(app, key, s), _reserve(app, key, s)
     s.add(first, 0, 3, 200)
+    queued = s.pending[0]
     assert s.flush() == 1
     s.uncertain.add(first.request_id)          # what a failed write leaves behind
-    s.add(first, 0, 3, 200)                      # ... and the same request back in the queue
+    s.pending.append(queued)                   # ... and the same request back in the queue
+    assert s.add(first, 0, 3, 200) == 0        # (ending it once more is no second request)
     s.add(second, 0, 5, 200)
     assert s.flush() == 2
     assert sorted(u.completion_tokens for u in Usage.select()) == [3, 5]

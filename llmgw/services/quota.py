@@ -44,6 +44,7 @@ class Reservation:
     scopes: tuple = ()  # ((scope kind, id), …) from the key up to its org
     admitted: object = None  # when (UTC): the bucket its requests and tokens count in
     endpoint: str = ""  # the replica it was sent to, once sent
+    settled: bool = False  # handed to the settlement (once only)
     started: float = field(default_factory=time.monotonic)
     request_id: str = field(default_factory=lambda: "req_" + uuid.uuid4().hex)
 

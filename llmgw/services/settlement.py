@@ -76,7 +76,10 @@ class Settlement:
                 self._ensure_thread()
 
     def add(self, res, prompt_tokens, completion_tokens, status, endpoint=""):
-        """Queue one finished request; return its real cost."""
+        """Queue one finished request; return its real cost. A request is settled once only."""
+        if res.settled:
+            return 0
+        res.settled = True
         # An engine's word is clamped to what the columns hold: one absurd number must not
         # make a batch the database refuses for ever.
         prompt_tokens = max(0, min(int(prompt_tokens), TOKENS_MAX))

@@ -55,6 +55,7 @@ class ClientGone(Exception):
 
 # Request greenlets relaying an answer, interrupted with ShuttingDown when the grace is over.
 RELAYING = set()
+SHUTDOWN_TIMERS = []
 WATCH_AFTER = 0.5  # seconds an answer may take before the client's connection is watched
 
 
@@ -80,7 +81,9 @@ def begin_shutdown(grace):
     def interrupt():
         for glet in list(RELAYING):
             hub.loop.run_callback(_throw, glet, ShuttingDown(grace))
-    hub.loop.timer(max(0.0, grace)).start(interrupt)
+    timer = hub.loop.timer(max(0.0, grace))
+    timer.start(interrupt)
+    SHUTDOWN_TIMERS.append(timer)  # kept referenced until it fires
 
 
 def watch_shutdown(worker, grace):
@@ -178,18 +181,18 @@ def forward(endpoints, path, body, reservation, routes):
     deadline = time.monotonic() + g["generation_timeout"]
     # A stream's headers come before the first token; a whole answer's come after the last.
     wait_first = g["first_byte_timeout"] if stream else g["generation_timeout"]
-    if stream:
-        with _relaying():
-            return _send(endpoints, path, data, reservation, routes, g, stream, tap, settle,
-                         deadline, wait_first)
     try:
-        with _relaying(), client_watch():
+        with _relaying(), (contextlib.nullcontext() if stream else client_watch()):
             return _send(endpoints, path, data, reservation, routes, g, stream, tap, settle,
                          deadline, wait_first)
     except ClientGone:
         # Settled and counted down where it was raised; nobody reads this answer.
         return error(499, "The client closed its connection.", "invalid_request_error",
                      "client_closed", headers=_ids(reservation))
+    except BaseException:
+        if not reservation.settled:  # whatever failed, what it holds is given back
+            settle(reservation, 0, 0, 500)
+        raise
 
 
 def _send(endpoints, path, data, reservation, routes, g, stream, tap, settle, deadline, wait_first):

@@ -182,3 +182,66 @@ def test_a_leader_whose_lock_connection_breaks_stops_and_one_leads_again(planes)
     time.sleep(3)
     assert int(next((planes["a"].root / "node" / "run").glob("llmgw-*.pid")).read_text()) == engine_pid
     assert _chat(planes["a"].url, planes["key"]) == 200 and _chat(planes["b"].url, planes["key"]) == 200
+
+
+def test_with_the_database_stopped_known_keys_are_served_and_usage_is_settled_once_after(planes):
+    """PostgreSQL stopped for 30 s under load through both control planes: the unlimited key and
+    a key whose budget slice lasts are served; a key whose budget is near its end (each request
+    is leased by itself) gets a clear 503; afterwards every answer is one usage row."""
+    import concurrent.futures
+    root, pg = planes["a"].root, planes["pg"]
+    keys = {"unlimited": planes["key"]}
+    for name, budget in (("roomy", "1000"), ("tight", "0.05")):  # 0.05: room for 50 of 0.001
+        cli(root, "project-create", name, "--team", "default")
+        keys[name] = cli(root, "keys", "create", "--project", name).stdout.strip()
+        cli(root, "limits", "set", "--project", name, "--budget", budget, "--period", "never")
+    time.sleep(1.5)  # workers read limits at most once a second
+    got = []  # (key name, status, request id, error code)
+
+    def one(i, names=("unlimited", "roomy", "tight")):
+        name = names[i % len(names)]
+        url = (planes["a"].url, planes["b"].url)[(i // 3) % 2]
+        try:
+            r = requests.post(url + "/v1/chat/completions", timeout=20,
+                              headers={"Authorization": f"Bearer {keys[name]}"},
+                              json={"model": "demo", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]})
+        except requests.RequestException as e:
+            return name, None, None, str(e)
+        code = r.json().get("error", {}).get("code") if r.status_code != 200 else None
+        return name, r.status_code, r.headers.get("X-Request-Id"), code
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        # So that every worker sees every key; the tight budget has room for only 50.
+        warm = list(pool.map(lambda i: one(i, ("unlimited", "roomy", "unlimited", "roomy", "tight")
+                                           if i < 20 else ("unlimited", "roomy")), range(240)))
+    assert all(status == 200 for _, status, _, _ in warm), warm
+    pg.stop()
+    stopped = time.monotonic()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            i = 0
+            while time.monotonic() - stopped < 30:
+                got += pool.map(one, range(i, i + 24))
+                i += 24
+    finally:
+        pg.resume()
+    by = {name: [g for g in got if g[0] == name] for name in keys}
+    for name in ("unlimited", "roomy"):
+        # A worker that never saw a key cannot check it: that is a 503 too, never anything else.
+        served = sum(1 for _, status, _, _ in by[name] if status == 200)
+        assert all(status == 200 or (status == 503 and code == "database_unavailable")
+                   for _, status, _, code in by[name]), by[name][:5]
+        assert served >= 0.75 * len(by[name]), (name, served, len(by[name]))
+    assert by["tight"] and all(status == 503 and code == "database_unavailable"
+                               for _, status, _, code in by["tight"]), by["tight"][:5]
+    answered = {rid for _, status, rid, _ in warm + got if status == 200}
+    print("while PostgreSQL was stopped, served of sent: " + ", ".join(
+        f"{name} {sum(1 for g in by[name] if g[1] == 200)} of {len(by[name])}" for name in keys))
+
+    def settled():
+        rows = pg.sql("SELECT request_id FROM usage WHERE status = 200", database="ha").split()
+        return set(rows) >= answered and rows
+    rows = wait_for("the usage to be settled", settled, timeout=90, every=1)
+    assert len(rows) == len(set(rows))  # once each
+    held = pg.sql("SELECT COALESCE(SUM(c.reserved), 0) FROM counter c JOIN project p ON "
+                  "p.id = c.scope_id WHERE c.scope_kind = 'project' AND p.name = 'tight'", database="ha")
+    assert held == "0"

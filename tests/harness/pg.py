@@ -71,7 +71,11 @@ class PostgresServer:
         subprocess.run(self._as_user([str(self.bin / "initdb"), "-D", str(self.data), "-A", "trust",
                                       "-U", "postgres", "--no-sync", "-E", "UTF8"]),
                        check=True, capture_output=True, text=True)
-        self.log = open(self.dir / "server.log", "w")
+        return self.resume()
+
+    def resume(self):
+        """Start the server on the data dir it already has (after stop())."""
+        self.log = open(self.dir / "server.log", "a")
         self.proc = subprocess.Popen(self._as_user([
             str(self.bin / "postgres"), "-D", str(self.data), "-p", str(self.port),
             "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self.dir}",
