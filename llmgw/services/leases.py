@@ -17,7 +17,6 @@ worst case, as if each were reserved by itself, so the last requests are admitte
 The worker beats every BEAT_SECONDS with a snapshot of its requests in flight
 (services/recovery.py bills those of a worker whose beat stopped, and releases its leases).
 """
-import dataclasses
 import logging
 import os
 import socket
@@ -164,7 +163,7 @@ class Ledger:
             needs = []
             for s in self.slices.values():
                 if s.window and s.taken and not s.tight and not s.dead and s.key[4] == bucket:
-                    n = dataclasses.replace(s.need, slot=upcoming, key=s.key[:4] + (upcoming,))
+                    n = s.need._replace(slot=upcoming, key=s.key[:4] + (upcoming,))
                     if n.key not in self.slices:
                         needs.append(n)
         if needs:

@@ -9,6 +9,7 @@ request used in every scope, limited or not, so a limit set mid-period starts fr
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import peewee
 from peewee import fn
@@ -121,9 +122,9 @@ class Lookups:
         return value
 
 
-@dataclass(frozen=True)
-class Need:
-    """What a request takes of one binding limit: `amount` of counter row `key`."""
+class Need(NamedTuple):
+    """What a request takes of one binding limit: `amount` of counter row `key`. (A tuple: a
+    few are made for every limited request.)"""
 
     key: tuple  # counting.row_key: the lock order
     scope_kind: str
@@ -168,10 +169,10 @@ def needs_of(scopes, limits, res, now):
     needs = []
     for kind, sid, name in scopes:
         lim = limits[kind]
-        for what, limit, amount, slot in (("rpm", lim.rpm, 1, bucket), ("tpm", lim.tpm, res.tokens, bucket),
-                                          ("budget", lim.budget, res.cost,
-                                           quota.budget_slot(lim.period, now))):
+        for what, limit, amount in (("rpm", lim.rpm, 1), ("tpm", lim.tpm, res.tokens),
+                                    ("budget", lim.budget, res.cost)):
             if limit:
+                slot = bucket if what != "budget" else quota.budget_slot(lim.period, now)
                 needs.append(Need(row_key(kind, sid, what, slot), kind, sid, name, what, slot,
                                   amount, limit, lim.period))
     return needs

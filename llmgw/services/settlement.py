@@ -119,7 +119,7 @@ class Settlement:
             # While the database refuses batches, try again less and less often (up to 5 s).
             backoff = min(5.0, time.monotonic() - self.failing_since) if self.failing_since else 0
             time.sleep(max(self.flush_seconds, backoff))
-            if self.flush() or not self.ledger.idle():
+            if self.flush(once=True) or not self.ledger.idle():
                 idle_since = time.monotonic()
             if not self.failing_since:
                 try:
@@ -175,11 +175,13 @@ class Settlement:
                       "are lost, and this worker's leases are released when other workers find "
                       "its beat stopped", len(self.pending))
 
-    def flush(self):
-        """Settle everything queued now; return how many requests left the queue."""
+    def flush(self, once=False):
+        """Settle everything queued now (once: one batch, as the background thread does, so
+        that between batches it also beats and leases ahead); return how many requests left
+        the queue."""
         done = 0
         with self.writing:
-            while True:
+            while not (once and done):
                 with self.lock:
                     batch = [self.pending.popleft() for _ in range(min(MAX_BATCH, len(self.pending)))]
                     refused, self.refusals = self.refusals, collections.Counter()
