@@ -9,7 +9,7 @@ import pytest
 from llmgw import create_app, migrate
 from llmgw.models import database
 from llmgw.services import tenancy
-from tests.harness.ports import free_port  # noqa: F401  (tests import it from here)
+from tests.harness.ports import free_port, free_port_range  # noqa: F401  (tests import them from here)
 
 TOP = Path(__file__).resolve().parent.parent
 
@@ -137,7 +137,7 @@ def local_sim(app, tmp_path):
     def make(token_delay="0.05"):
         conf = app.config["LLMGW"]
         conf["engines"]["llamacpp"] = ""
-        base = free_port()
+        base = free_port_range(50)
         conf["reconciler"]["port_range"] = f"{base}-{base + 50}"
         node = asyncio.run(nodes.add_local_node("local", str(tmp_path / "node")))
         made.append(node)

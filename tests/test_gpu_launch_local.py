@@ -13,7 +13,7 @@ import pytest
 from llmgw.facts import gpu
 from llmgw.models import Model, Node, NodeEvent, Replica, utcnow
 from llmgw.services import nodes
-from tests.conftest import free_port, reconcile
+from tests.conftest import free_port_range, reconcile
 
 CASES = Path(__file__).parent / "cases" / "gpus"
 FAKE_SMI = '#!/bin/sh\ncat "{sample}"\n'
@@ -39,7 +39,7 @@ def gpu_node(app, tmp_path, monkeypatch):
     conf = app.config["LLMGW"]
     conf["engines"]["llamacpp"] = ""
     conf["reconciler"]["gpu_check_interval"] = 0
-    base = free_port()
+    base = free_port_range(50)
     conf["reconciler"]["port_range"] = f"{base}-{base + 50}"
     node_dir = tmp_path / "node"
     node = asyncio.run(nodes.add_local_node("local", str(node_dir)))

@@ -116,10 +116,10 @@ class Ledger:
     def _lease(self, needs, now):
         """Lease a slice of each need's counter in one transaction; raise LimitExceeded (and
         lease nothing) when one has no room for its request."""
-        granted = []
         for _ in range(2):
-            self.ensure_registered()
+            granted = []  # what this attempt's transaction grants (nothing if it rolls back)
             try:
+                self.ensure_registered()
                 with counting.connected(), counting.transaction():
                     self._own_row()
                     for n in sorted(needs, key=lambda n: n.key):

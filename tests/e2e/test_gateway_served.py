@@ -13,7 +13,7 @@ import time
 import pytest
 import requests
 
-from tests.conftest import TOP, free_port
+from tests.conftest import TOP, free_port, free_port_range
 from tests.e2e.conftest import cli, fire_streams, stop_served, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -25,7 +25,7 @@ def plane(tmp_path_factory):
     port = free_port()
     cli(root, "demo", "--no-serve", "--listen", f"127.0.0.1:{port}")
     text = (root / "server.toml").read_text()
-    base = free_port()
+    base = free_port_range(20)
     text = text.replace("[server]", "[server]\nworkers = 4").replace(
         "interval = 5", f"interval = 1\nport_range = \"{base}-{base + 20}\"")
     text += "\n[gateway]\nshutdown_grace = 3\n"  # the last test stops it with a stream running

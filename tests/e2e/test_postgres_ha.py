@@ -10,7 +10,7 @@ import time
 import pytest
 import requests
 
-from tests.conftest import free_port
+from tests.conftest import free_port, free_port_range
 from tests.e2e.conftest import ControlPlane, cli, fire_streams, wait_for
 from tests.harness import pg as pgharness
 
@@ -38,7 +38,7 @@ def planes(pg, tmp_path_factory):
     url = pg.create_database("ha")
     work = tmp_path_factory.mktemp("ha")
     a_root, b_root = work / "a", work / "b"
-    a_port, b_port, base = free_port(), free_port(), free_port()
+    a_port, b_port, base = free_port(), free_port(), free_port_range(20)
     cli(a_root, "init", "--listen", f"127.0.0.1:{a_port}")
     _set(a_root, 'url = ""', f'url = "{url}"')
     _set(a_root, "interval = 5", f'interval = 1\nport_range = "{base}-{base + 20}"')
