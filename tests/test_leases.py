@@ -191,3 +191,31 @@ def test_the_next_bucket_is_leased_ahead_so_requests_do_not_wait_for_it(app):
     s.add(res, 1, 1, 200)
     s.close()  # both slices, this bucket's and the next one's, go back
     assert Lease.select().count() == 0
+
+
+def test_concurrent_requests_of_one_worker_near_a_limit_admit_exactly_the_limit(app):
+    """30 requests at once in one worker against rpm 10: each near-the-end slice is taken by
+    the request it was leased for, so none is left stranded and exactly ten are admitted."""
+    import threading
+    key = _limited(rpm=10)
+    s = Settlement(flush_seconds=3600)
+    conf = app.config["LLMGW"]
+    start, results = threading.Barrier(30), []
+
+    def one():
+        start.wait()
+        try:
+            results.append(quota.reserve(key, "demo", BODY, conf, s.ledger))
+        except quota.LimitExceeded as e:
+            results.append(e)
+    threads = [threading.Thread(target=one) for _ in range(30)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    admitted = [r for r in results if not isinstance(r, Exception)]
+    assert len(admitted) == 10, [str(r) for r in results if isinstance(r, Exception)][:3]
+    assert all("10 requests per minute" in str(r) for r in results if isinstance(r, Exception))
+    for res in admitted:
+        s.add(res, 1, 1, 200)
+    s.close()

@@ -220,3 +220,15 @@ def served_sim(local_sim):
     node = made["node"]
     reconcile(made["conf"], lambda: bool(node.replicas.count()) and all(r.state == "ready" for r in node.replicas))
     return dict(made, row=tenancy.lookup_key(made["key"]))
+
+
+def test_a_request_leased_late_for_an_older_bucket_counts_what_newer_buckets_admitted(app):
+    """A request that waited past its bucket's end (for the lease lock, say) is checked against
+    the newer buckets too: otherwise a window's end is not where the sum stops."""
+    key = _key_and_rule(rpm=2)
+    conf = app.config["LLMGW"]
+    later = T0 + datetime.timedelta(seconds=plans.BUCKET_SECONDS)
+    quota.reserve(key, "demo", BODY, conf, Ledger(), now=later)
+    quota.reserve(key, "demo", BODY, conf, Ledger(), now=later)
+    with pytest.raises(quota.LimitExceeded):  # admitted "at" the older bucket, leased after
+        quota.reserve(key, "demo", BODY, conf, Ledger(), now=T0)

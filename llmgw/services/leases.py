@@ -89,7 +89,10 @@ class Ledger:
                     return
                 with self.lock:
                     lacking = [n for n in needs if self._free(n) < n.amount]
-                self._lease(lacking, now)
+                # What is leased for this request is taken for it at once: another request of
+                # this worker must not take it first and leave this one to lease again.
+                if self._lease(lacking, now, res, needs):
+                    return
         raise LimitExceeded("This gateway worker's share of a limit was taken by other requests "
                             "three times over while it leased more; try again.",
                             "rate_limit_exceeded", 1)
@@ -102,20 +105,24 @@ class Ledger:
 
     def _take(self, res, needs):
         with self.lock:
-            if any(self._free(n) < n.amount for n in needs):
-                return False
-            now = time.monotonic()
-            for n in needs:
-                s = self.slices[n.key]
-                s.held += n.amount
-                s.taken = True
-                s.until = now + LEASE_SECONDS
-                res.holds.append((s, n.amount, n.kind))
+            return self._take_locked(res, needs)
+
+    def _take_locked(self, res, needs):
+        if any(self._free(n) < n.amount for n in needs):
+            return False
+        now = time.monotonic()
+        for n in needs:
+            s = self.slices[n.key]
+            s.held += n.amount
+            s.taken = True
+            s.until = now + LEASE_SECONDS
+            res.holds.append((s, n.amount, n.kind))
         return True
 
-    def _lease(self, needs, now):
+    def _lease(self, needs, now, res=None, wanted=()):
         """Lease a slice of each need's counter in one transaction; raise LimitExceeded (and
-        lease nothing) when one has no room for its request."""
+        lease nothing) when one has no room for its request. With res, take its `wanted`
+        needs under the same lock as the grants are added; return whether that was done."""
         for _ in range(2):
             granted = []  # what this attempt's transaction grants (nothing if it rolls back)
             try:
@@ -148,6 +155,7 @@ class Ledger:
                     s = self.slices[n.key] = Slice(n.key, row_id, n.window, tight=tight, need=n)
                 s.granted += grant
                 s.until = time.monotonic() + LEASE_SECONDS
+            return res is not None and self._take_locked(res, wanted)
 
     def lease_ahead(self):
         """Lease the next bucket's slice of every rpm/tpm slice in use, in the last

@@ -84,11 +84,14 @@ def locked_room(need):
         c = _counter("budget", need.scope_kind, need.scope_id, need.slot)
         return need.limit - c.used - c.reserved, c, c.reserved
     _counter(need.kind, need.scope_kind, need.scope_id, "window")  # one sum checked at a time
-    first, last = quota.window_slots_of(need.slot)
+    first, _ = quota.window_slots_of(need.slot)
+    # Every bucket from the window's first on, later ones included: a request that waited for
+    # this lock past its bucket's end must count what newer buckets admitted meanwhile.
     used, reserved = (Counter.select(fn.COALESCE(fn.SUM(Counter.used), 0),
                                      fn.COALESCE(fn.SUM(Counter.reserved), 0))
                       .where(Counter.scope_kind == need.scope_kind, Counter.scope_id == need.scope_id,
-                             Counter.kind == need.kind, Counter.slot >= first, Counter.slot <= last)
+                             Counter.kind == need.kind, Counter.slot >= first,
+                             Counter.slot != "window")
                       .tuples().get())
     return need.limit - int(used) - int(reserved), _counter(need.kind, need.scope_kind, need.scope_id,
                                                             need.slot), int(reserved)
