@@ -3,9 +3,10 @@ import click
 import peewee
 
 from ..errors import LlmgwError
-from ..models import ApiKey, Counter, LimitRule, Org, Price, Project, Team, Usage, utcnow
+from ..models import ApiKey, LimitRule, Org, Price, Project, Team, Usage, utcnow
 from ..plans import money
 from ..plans.quota import PERIODS
+from ..services import quota
 from . import echo_json, llmgw, root_option
 
 
@@ -138,7 +139,7 @@ def usage(project, days, as_json):
              .where(Usage.project_id == row.id, Usage.created >= since).group_by(Usage.model).dicts())
     rows = [dict(r, prompt=r["prompt"] or 0, completion=r["completion"] or 0,
                  cost=money.as_number(r["cost"])) for r in query]
-    refused = refusals(row, since)
+    refused = quota.refusals(row, since)
     if as_json:
         return echo_json({"models": rows, "refused": refused})
     for r in rows:
@@ -149,15 +150,3 @@ def usage(project, days, as_json):
     for r in refused:
         click.echo(f"refused  {r['day']} key {r['key']:<16} {r['requests']:>6} x 429 ({r['type']})")
 
-
-def refusals(project, since):
-    """Return [{day, key, type, requests}] turned away with a 429, per key of a project and day."""
-    keys = {k.id: k.prefix + "…" for k in ApiKey.select().where(ApiKey.project == project)}
-    if not keys:
-        return []
-    rows = (Counter.select().where(Counter.scope_kind == "key", Counter.scope_id.in_(list(keys)),
-                                   Counter.kind.startswith("refused_"),
-                                   Counter.slot >= since.strftime("%Y-%m-%d"))
-            .order_by(Counter.slot, Counter.scope_id, Counter.kind))
-    return [{"day": c.slot, "key": keys[c.scope_id], "type": c.kind[len("refused_"):],
-             "requests": c.used} for c in rows]

@@ -79,8 +79,6 @@ def seconds_to_window_room(now):
     return max(1, BUCKET_SECONDS - int(epoch(now)) % BUCKET_SECONDS)
 
 
-BUDGET_PERIODS = ("day", "week", "month", "never")
-
 
 def budget_slot(period, now):
     """Return the slot a budget counts in: the day, ISO week or month it resets with, or 'all'."""
@@ -97,7 +95,7 @@ def budget_slot(period, now):
 def budget_slots(now):
     """Return {period: slot} of every budget period at a moment: spend is counted in all of
     them, so a budget set in the middle of one finds what was spent before it."""
-    return {period: budget_slot(period, now) for period in BUDGET_PERIODS}
+    return {period: budget_slot(period, now) for period in PERIODS}
 
 
 def period_start(period, now):

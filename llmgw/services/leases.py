@@ -128,7 +128,7 @@ class Ledger:
             try:
                 self.ensure_registered()
                 with counting.connected(), counting.transaction():
-                    self._own_row()
+                    self.own_row()
                     for n in sorted(needs, key=lambda n: n.key):
                         room, row, held = locked_room(n)
                         if room < n.amount:
@@ -209,11 +209,6 @@ class Ledger:
                     taken.append((s, s.spent, back))
         return taken
 
-    def own_row(self):
-        """First in a settlement's transaction that changes leases: lock this worker's row
-        (raises WorkerLost when the worker was recovered)."""
-        self._own_row()
-
     def write_leases(self, taken):
         """Within the settlement's transaction: take what was settled or given back out of
         this worker's lease rows."""
@@ -258,8 +253,9 @@ class Ledger:
                                  started=utcnow(), beat=utcnow(), inflight=[])
         self.worker, self.pid = worker, os.getpid()
 
-    def _own_row(self):
-        """Lock this worker's row first in a transaction; raise WorkerLost when it is gone."""
+    def own_row(self):
+        """First in every transaction that changes this worker's leases: lock its row (the
+        order recovery locks rows in); raise WorkerLost when it is gone."""
         if not GatewayWorker.update(beat=utcnow()).where(GatewayWorker.id == self.worker).execute():
             raise WorkerLost(self.worker)
 
@@ -282,7 +278,7 @@ class Ledger:
         snapshot = self.snapshot()
         try:
             with counting.connected(), counting.transaction():
-                self._own_row()
+                self.own_row()
                 GatewayWorker.update(inflight=snapshot).where(GatewayWorker.id == self.worker).execute()
         except WorkerLost:
             self.lost()

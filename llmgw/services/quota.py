@@ -16,7 +16,7 @@ from peewee import fn
 
 from ..db import AWAY, DatabaseAway
 from ..errors import LlmgwError
-from ..models import Counter, LimitRule, Org, Price, Project, Team, database, utcnow
+from ..models import ApiKey, Counter, LimitRule, Org, Price, Project, Team, database, utcnow
 from ..plans import money, quota
 from .counting import row_key
 
@@ -154,9 +154,9 @@ def reserve(key, model, body, conf, ledger, now=None, lookups=None):
     lookups = lookups or Lookups(ttl=0)
     price = lookups.get(("price", model), lambda: price_of(model, conf))
     prompt, completion = quota.worst_case(body, conf["limits"]["default_max_tokens"])
-    money_ = quota.cost(prompt, completion, price)
+    worst_cost = quota.cost(prompt, completion, price)
     scopes = lookups.get(("scopes", key.id), lambda: scopes_of(key))
-    res = Reservation(key.id, scopes[1][1], model, price, prompt + completion, money_,
+    res = Reservation(key.id, scopes[1][1], model, price, prompt + completion, worst_cost,
                       prompt_reserved=prompt, completion_reserved=completion,
                       prompt_estimate=min(prompt, quota.estimate_prompt_tokens(body)),
                       scopes=tuple((kind, sid) for kind, sid, _ in scopes), admitted=now)
@@ -209,6 +209,19 @@ def _limits_of(scopes, conf):
              for kind, sid, _ in scopes}
     limits = quota.effective(rules, conf["limits"])
     return limits, any(lim.rpm or lim.tpm or lim.budget for lim in limits.values())
+
+
+def refusals(project, since):
+    """Return [{day, key, type, requests}] turned away with a 429, per key of a project and day."""
+    keys = {k.id: k.prefix + "…" for k in ApiKey.select().where(ApiKey.project == project)}
+    if not keys:
+        return []
+    rows = (Counter.select().where(Counter.scope_kind == "key", Counter.scope_id.in_(list(keys)),
+                                   Counter.kind.startswith("refused_"),
+                                   Counter.slot >= since.strftime("%Y-%m-%d"))
+            .order_by(Counter.slot, Counter.scope_id, Counter.kind))
+    return [{"day": c.slot, "key": keys[c.scope_id], "type": c.kind[len("refused_"):],
+             "requests": c.used} for c in rows]
 
 
 def allowed(key, model):

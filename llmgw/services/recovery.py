@@ -40,13 +40,11 @@ def recover(worker_id, cutoff):
         if row is None:
             return 0
         changes = counting.Changes()
-        leases = list(Lease.select().where(Lease.worker == worker_id, Lease.amount != 0))
-        held = 0
-        for c in Counter.select().where(Counter.id.in_([lease.counter_id for lease in leases])):
-            amount = next(lease.amount for lease in leases if lease.counter_id == c.id)
+        held = {lease.counter_id: lease.amount
+                for lease in Lease.select().where(Lease.worker == worker_id, Lease.amount != 0)}
+        for c in Counter.select().where(Counter.id.in_(list(held))):
             changes.by_id(counting.row_key(c.scope_kind, c.scope_id, c.kind, c.slot), c.id,
-                          reserved=-amount)
-            held += 1
+                          reserved=-held[c.id])
         entries = list(row.inflight or [])
         done = counting.written(e["id"] for e in entries)
         rows = []
@@ -64,7 +62,7 @@ def recover(worker_id, cutoff):
         Lease.delete().where(Lease.worker == worker_id).execute()
         GatewayWorker.delete().where(GatewayWorker.id == worker_id).execute()
     log.warning("gateway worker %s (pid %s on %s) stopped beating at %s: released %d leases and "
-                "billed %d requests it had in flight", worker_id, row.pid, row.host, row.beat, held,
+                "billed %d requests it had in flight", worker_id, row.pid, row.host, row.beat, len(held),
                 len(rows))
     return 1
 

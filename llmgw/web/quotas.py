@@ -7,6 +7,7 @@ from flask_login import current_user, login_required
 
 from ..models import ApiKey, Counter, LimitRule, Membership, Org, Price, Project, Team, Usage, utcnow
 from ..plans import quota
+from ..services import quota as quota_service
 from . import admin_required
 
 bp = Blueprint("quotas", __name__)
@@ -63,7 +64,6 @@ def usage(project):
     # By when each request ended: ids follow the order batches were written in, worker by worker.
     recent = list(Usage.select().where(Usage.project_id == row.id)
                   .order_by(Usage.created.desc()).limit(50))
-    from ..cli.limits import refusals
-    refused = refusals(row, since)
+    refused = quota_service.refusals(row, since)
     return render_template("usage.html", project=row, per_model=per_model, recent=recent,
                            refused=refused)

@@ -169,14 +169,13 @@ def forward(endpoints, path, body, reservation, routes):
     settling = settlement()
     settle = settling.add
     stream = bool(body.get("stream"))
-    tap = UsageTap(True) if stream else None
+    tap = None
+    if stream:
+        body, wants_usage = ask_for_usage(body)
+        tap = UsageTap(wants_usage)
     # Until it ends, the worker's heartbeat carries what it relayed: billed if the worker dies.
     settling.ledger.inflight[reservation.request_id] = (
         reservation, (lambda: tap.content_events) if tap else (lambda: 0))
-    wants_usage = True
-    if stream:
-        body, wants_usage = ask_for_usage(body)
-        tap.client_wants_usage = wants_usage
     data = json.dumps(body).encode()
     deadline = time.monotonic() + g["generation_timeout"]
     # A stream's headers come before the first token; a whole answer's come after the last.
