@@ -5,6 +5,10 @@ import sys
 from pathlib import Path
 
 
+NAMES = {"before": "llmgw, no limit (just before)", "limits": "llmgw, limits binding",
+         "after": "llmgw, no limit (just after)"}
+
+
 def load(res):
     runs = {}
     for f in res.glob("*.json"):
@@ -67,12 +71,12 @@ def main():
         print("| " + " | ".join(cols) + " |")
         print("|" + "---|" * len(cols))
         d = runs.get(f"{kind}-direct")
-        shown = targets + (["limits"] if f"{kind}-limits" in runs else [])
+        shown = targets + [t for t in ("before", "limits", "after") if f"{kind}-{t}" in runs]
         for t in shown:
             r = runs.get(f"{kind}-{t}")
             if not r:
                 continue
-            row = [t if t != "limits" else "llmgw, limits binding", str(r["ok"]), str(r["errors"]), fmt(r["req_s"], 0), fmt(r["p50_ms"]),
+            row = [NAMES.get(t, t), str(r["ok"]), str(r["errors"]), fmt(r["req_s"], 0), fmt(r["p50_ms"]),
                    fmt(r["p95_ms"]), fmt(r["p99_ms"])]
             if stream:
                 row += [fmt(r["ttfc_p50_ms"]), fmt(r["ttfc_p95_ms"]), fmt(r["ttfc_p99_ms"]),
@@ -91,9 +95,12 @@ def main():
                              f"p50 {fmt(ratio(a['p50_ms'], b['p50_ms']))}×, "
                              f"p99 {fmt(ratio(a['p99_ms'], b['p99_ms']))}×")
         lim = runs.get(f"{kind}-limits")
-        if lim and g and lim["p50_ms"] is not None and g["p50_ms"] is not None:
-            parts.append(f"limits binding/none: req/s {fmt(ratio(lim['req_s'], g['req_s']))}×, "
-                         f"p50 {fmt(lim['p50_ms'] - g['p50_ms'])} ms more")
+        base = [r for r in (runs.get(f"{kind}-before"), runs.get(f"{kind}-after")) if r] or ([g] if g else [])
+        if lim and base and lim["p50_ms"] is not None and all(b["p50_ms"] is not None for b in base):
+            req_s = sum(b["req_s"] for b in base) / len(base)
+            p50 = sum(b["p50_ms"] for b in base) / len(base)
+            parts.append(f"limits binding/none (the mean of the {len(base)} no-limit run(s) beside it): "
+                         f"req/s {fmt(ratio(lim['req_s'], req_s))}×, p50 {fmt(lim['p50_ms'] - p50)} ms more")
         if parts:
             print("Ratios — " + "; ".join(parts) + "\n")
         for t in shown:
@@ -101,6 +108,38 @@ def main():
             if r and (r["errors"] or r["unsent"]):
                 print(f"- {t}: errors {r['error_kinds']}, unsent {r['unsent']}, "
                       f"samples {r['error_samples'][:1]}")
+        print()
+
+    lat = {t: runs.get(f"lat-{t}") for t in ("before", "limits", "after")}
+    if lat["limits"]:
+        print("## Latency with limits, one request at a time (upstream 0 ms)\n")
+        print("At concurrency 32 the workers are saturated and a p50 is mostly time spent queued, "
+              "so what limits add to each request's own time is measured one request at a time.\n")
+        print("| run | ok | errors | p50 ms | p95 ms | p99 ms |")
+        print("|---|---|---|---|---|---|")
+        for t, r in lat.items():
+            if r:
+                print(f"| {NAMES[t]} | {r['ok']} | {r['errors']} | {fmt(r['p50_ms'], 3)} | "
+                      f"{fmt(r['p95_ms'], 3)} | {fmt(r['p99_ms'], 3)} |")
+        base = [r for t, r in lat.items() if t != "limits" and r and r["p50_ms"] is not None]
+        if base and lat["limits"]["p50_ms"] is not None:
+            p50 = sum(r["p50_ms"] for r in base) / len(base)
+            print(f"\nlimits binding/none at concurrency 1: p50 {fmt(lat['limits']['p50_ms'] - p50, 3)} ms more "
+                  f"than the mean of the {len(base)} no-limit run(s) beside it\n")
+
+    cpu_file = res / "cpu.jsonl"
+    if cpu_file.exists():
+        print("## CPU per request, non-streamed at 0 ms (ms of user + system time)\n")
+        print("The llmgw workers' CPU, and every PostgreSQL process's on the machine (0 on SQLite).\n")
+        print("| run | requests | workers ms/request | PostgreSQL ms/request |")
+        print("|---|---|---|---|")
+        for line in cpu_file.read_text().splitlines():
+            c = json.loads(line)
+            r = runs.get(c["label"])
+            if r and c["label"] in ("ns0-llmgw", "ns0-before", "ns0-limits", "ns0-after"):
+                n = r["ok"] + r["errors"]
+                print(f"| {NAMES.get(c['label'][4:], c['label'])} | {n} | {fmt(1000 * c['workers_s'] / n, 3)} | "
+                      f"{fmt(1000 * c['db_s'] / n, 3)} |")
         print()
 
     rss_file = res / "rss.jsonl"

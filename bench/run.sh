@@ -4,6 +4,7 @@
 # summary.  BENCH_QUICK=1 for a short run.  Everything started here is stopped on exit.
 #
 # Knobs (environment): BENCH_QUICK=1, BENCH_N (non-streamed requests at 0 ms), BENCH_N50 (at 50 ms),
+# BENCH_NLAT (requests one at a time, for the latency limits add: 3000, quick 1000),
 # BENCH_NSTREAM (streams), BENCH_RSS_N (requests for the RSS run; 100000, quick 5000),
 # BENCH_C (concurrency, 32), BENCH_PROCS (load generator processes, 1), BENCH_LITELLM=0 to skip
 # LiteLLM, BENCH_PROFILE=1 to take a py-spy profile of an llmgw worker under load,
@@ -18,8 +19,10 @@ PY=${PYTHON:-python3}
 QUICK=${BENCH_QUICK:-0}
 if [ "$QUICK" = 1 ]; then
   N=${BENCH_N:-3000}; N50=${BENCH_N50:-1000}; NS=${BENCH_NSTREAM:-1000}; RSS_N=${BENCH_RSS_N:-5000}
+  NLAT=${BENCH_NLAT:-1000}
 else
   N=${BENCH_N:-20000}; N50=${BENCH_N50:-5000}; NS=${BENCH_NSTREAM:-5000}; RSS_N=${BENCH_RSS_N:-100000}
+  NLAT=${BENCH_NLAT:-3000}
 fi
 C=${BENCH_C:-32}; PROCS=${BENCH_PROCS:-1}; MAXS=${BENCH_MAX_SECONDS:-120}  # per load run
 CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/llmgw-bench
@@ -64,13 +67,19 @@ chat_ok() {  # chat_ok BASE KEY MODEL
 load() {  # load LABEL BASE KEY MODEL N C [extra...]
   local label=$1 base=$2 key=$3 model=$4 n=$5 c=$6; shift 6
   log "load $label: $n requests at concurrency $c"
+  local pids before
+  pids=$(worker_pids 2>/dev/null | tr '\n' ' ')
+  # shellcheck disable=SC2086
+  before=$($PY bench/cpu.py snap $pids)
   $PY bench/load.py --url "$base" --key "$key" --model "$model" -n "$n" -c "$c" --procs "$PROCS" --max-seconds "$MAXS" \
     --label "$label" --json "$RES/$label.json" "$@" >/dev/null || log "load $label had no successes"
+  # shellcheck disable=SC2086
+  $PY bench/cpu.py since "$label" $before $pids >>"$RES/cpu.jsonl"
 }
 flaskw() { $PY -m flask --app llmgw:create_app llmgw "$@" --root "$ROOT"; }
 worker_pids() {  # gunicorn workers: children of the gunicorn master, itself a child of `serve`
   local master
-  for master in $(ps -o pid= --ppid "$SERVE" 2>/dev/null); do
+  for master in $(ps -o pid= --ppid "${SERVE:-0}" 2>/dev/null); do
     grep -q gunicorn "/proc/$master/cmdline" 2>/dev/null && ps -o pid= --ppid "$master" | tr -d " "
   done
 }
@@ -184,8 +193,15 @@ for t in $targets; do
   load "stream-$name" "$b0" "$key" fake "$NS" "$C" --stream --max-tokens 100
 done
 # 4b. llmgw again with rpm, tpm and a budget binding on the key and on its project: set high
-# enough that nothing is refused, so every request is admitted against all of them.
+# enough that nothing is refused, so every request is admitted against all of them. Runs with
+# no limit just before and just after it are its baseline: the database grows during the bench,
+# and the machine's other work changes, so runs far apart differ by more than limits cost. The
+# model has a price in all three: spend is counted in every scope's budget periods whether a
+# limit binds or not, so only what limits add is compared.
 flaskw prices set fake --prompt 0.000001 --completion 0.000001 >/dev/null
+sleep 1.5  # workers read prices at most once a second
+load "ns0-before" "http://127.0.0.1:$GW/v1" "$KEY" fake "$N" "$C"
+load "lat-before" "http://127.0.0.1:$GW/v1" "$KEY" fake "$NLAT" 1
 PREFIX=$($PY -c 'import sys; from llmgw.security import display_prefix; print(display_prefix(sys.argv[1]))' "$KEY")
 for scope in "--key $PREFIX" "--project default"; do
   flaskw limits set $scope --rpm 100000000 --tpm 2000000000 --budget 1000000 --period month >/dev/null
@@ -193,6 +209,7 @@ done
 sleep 1.5  # workers read limits at most once a second
 load "warm-limits" "http://127.0.0.1:$GW/v1" "$KEY" fake 500 "$C"
 load "ns0-limits" "http://127.0.0.1:$GW/v1" "$KEY" fake "$N" "$C"
+load "lat-limits" "http://127.0.0.1:$GW/v1" "$KEY" fake "$NLAT" 1
 if [ "${BENCH_PROFILE:-0}" = 1 ]; then  # one worker under the same load with limits binding
   SPY=$CACHE/tools-venv/bin/py-spy
   [ -x "$SPY" ] || { $PY -m venv "$CACHE/tools-venv" && "$CACHE/tools-venv/bin/pip" install -q py-spy; }
@@ -206,6 +223,9 @@ fi
 for scope in "--key $PREFIX" "--project default"; do
   flaskw limits set $scope --rpm 0 --tpm 0 --budget 0 >/dev/null
 done
+sleep 1.5
+load "ns0-after" "http://127.0.0.1:$GW/v1" "$KEY" fake "$N" "$C"
+load "lat-after" "http://127.0.0.1:$GW/v1" "$KEY" fake "$NLAT" 1
 # LiteLLM is done with: stop it so that it takes no CPU from what follows.
 [ -n "$LL" ] && kill -TERM -- "-$LLPID" 2>/dev/null
 

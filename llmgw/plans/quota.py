@@ -6,6 +6,7 @@ seconds lie within such a window, so no 60 seconds ever see more than the limit,
 minute's boundary too (a fixed per-minute counter lets twice the limit through there).
 """
 import datetime
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -82,20 +83,24 @@ def seconds_to_window_room(now):
 
 def budget_slot(period, now):
     """Return the slot a budget counts in: the day, ISO week or month it resets with, or 'all'."""
-    if period == "day":
-        return now.strftime("%Y-%m-%d")
-    if period == "week":
-        year, week, _ = now.isocalendar()
-        return f"{year}-W{week:02d}"
-    if period == "month":
-        return now.strftime("%Y-%m")
-    return "all"
+    return budget_slots(now)[period] if period in PERIODS else "all"
 
 
 def budget_slots(now):
     """Return {period: slot} of every budget period at a moment: spend is counted in all of
-    them, so a budget set in the middle of one finds what was spent before it."""
-    return {period: budget_slot(period, now) for period in PERIODS}
+    them, so a budget set in the middle of one finds what was spent before it. (`now` may be
+    a date.)"""
+    return _slots_of_day(now.date() if isinstance(now, datetime.datetime) else now)
+
+
+@functools.lru_cache(maxsize=64)
+def _slots_of_day(day):
+    # Every admitted request asks for these (strftime is most of a settled request's cost
+    # otherwise); they change once a day. The dict is shared: callers only read it.
+    year, week, _ = day.isocalendar()
+    slots = {"day": day.strftime("%Y-%m-%d"), "week": f"{year}-W{week:02d}",
+             "month": day.strftime("%Y-%m")}
+    return {period: slots.get(period, "all") for period in PERIODS}
 
 
 def period_start(period, now):

@@ -17,6 +17,7 @@ worst case, as if each were reserved by itself, so the last requests are admitte
 The worker beats every BEAT_SECONDS with a snapshot of its requests in flight
 (services/recovery.py bills those of a worker whose beat stopped, and releases its leases).
 """
+import collections
 import logging
 import os
 import socket
@@ -25,8 +26,10 @@ import time
 import uuid
 from dataclasses import dataclass
 
+import peewee
+
 from ..db import AWAY, DatabaseAway
-from ..models import Counter, GatewayWorker, Lease, utcnow
+from ..models import Counter, GatewayWorker, Lease, database, utcnow
 from ..plans import quota as plans
 from . import counting
 from .quota import LimitExceeded, locked_room, refusal
@@ -205,17 +208,29 @@ class Ledger:
                         or (s.key[4] < bucket if s.window else _expired(s)))
                 back = s.free if over else 0
                 if s.spent or back:
-                    changes.by_id(s.key, s.counter_id, reserved=-(s.spent + back), used=s.spent)
+                    changes.add(s.key, reserved=-(s.spent + back), used=s.spent)
                     taken.append((s, s.spent, back))
         return taken
 
     def write_leases(self, taken):
         """Within the settlement's transaction: take what was settled or given back out of
         this worker's lease rows."""
+        out = collections.Counter()  # counter id -> what leaves its lease row
         for s, spent, back in taken:
-            Lease.update(amount=Lease.amount - (spent + back)).where(
-                Lease.worker == self.worker, Lease.counter_id == s.counter_id).execute()
-        Lease.delete().where(Lease.worker == self.worker, Lease.amount <= 0).execute()
+            out[s.counter_id] += spent + back
+        if out:
+            # One statement, written here: peewee took about 1 ms to build this one each batch.
+            db = database.obj
+            p = db.param
+            table = Lease._meta.table_name
+            sql = (f'UPDATE "{table}" SET amount = amount - CASE counter_id '
+                   + " ".join([f"WHEN {p} THEN {p}"] * len(out))
+                   + f" ELSE 0 END WHERE worker = {p} AND counter_id IN ({', '.join([p] * len(out))})")
+            args = [v for item in out.items() for v in item] + [self.worker, *out]
+            with peewee.__exception_wrapper__:
+                db.cursor().execute(sql, args)
+        if any(s.granted <= spent + back for s, spent, back in taken):  # a slice is emptied
+            Lease.delete().where(Lease.worker == self.worker, Lease.amount <= 0).execute()
 
     def settled(self, taken):
         """After the commit: the slices hold that much less."""

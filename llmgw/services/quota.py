@@ -14,7 +14,7 @@ from typing import NamedTuple
 import peewee
 from peewee import fn
 
-from ..db import AWAY, DatabaseAway
+from ..db import cached
 from ..errors import LlmgwError
 from ..models import ApiKey, Counter, LimitRule, Org, Price, Project, Team, database, utcnow
 from ..plans import money, quota
@@ -108,21 +108,9 @@ class Lookups:
         self.ttl, self.entries = ttl, {}
 
     def get(self, what, make):
-        hit = self.entries.get(what)
-        if hit and time.monotonic() - hit[1] < self.ttl:
-            return hit[0]
-        try:
-            value = make()
-        except AWAY as e:
-            if hit is None:
-                raise DatabaseAway(str(e).strip()) from e
-            # The database is away: what this worker knew goes on serving, asked again in a second.
-            self.entries[what] = (hit[0], time.monotonic() - self.ttl + min(self.ttl, 1.0))
-            return hit[0]
         if len(self.entries) > MAX_ENTRIES:  # a flood of made-up keys must not grow the worker
             self.entries.clear()
-        self.entries[what] = (value, time.monotonic())
-        return value
+        return cached(self.entries, what, self.ttl, make)
 
 
 class Need(NamedTuple):
@@ -160,25 +148,36 @@ def reserve(key, model, body, conf, ledger, now=None, lookups=None):
                       prompt_reserved=prompt, completion_reserved=completion,
                       prompt_estimate=min(prompt, quota.estimate_prompt_tokens(body)),
                       scopes=tuple((kind, sid) for kind, sid, _ in scopes), admitted=now)
-    limits, binds = lookups.get(("limits", key.id), lambda: _limits_of(scopes, conf))
+    limits, binds, memo = lookups.get(("limits", key.id), lambda: _limits_of(scopes, conf))
     if binds:
-        ledger.admit(res, needs_of(scopes, limits, res, now), now)
+        ledger.admit(res, needs_of(scopes, limits, res, now, memo), now)
     return res
 
 
-def needs_of(scopes, limits, res, now):
-    """Return the Needs of a request: one per limit that binds it, in lock order."""
+def needs_of(scopes, limits, res, now, memo=None):
+    """Return the Needs of a request: one per limit that binds it, in lock order.
+
+    memo: a dict that lives as long as `limits` do, where the rows of a bucket and day are
+    kept: requests of a key in one bucket differ only by their amounts."""
     bucket = quota.bucket_slot(now)
-    needs = []
-    for kind, sid, name in scopes:
-        lim = limits[kind]
-        for what, limit, amount in (("rpm", lim.rpm, 1), ("tpm", lim.tpm, res.tokens),
-                                    ("budget", lim.budget, res.cost)):
-            if limit:
-                slot = bucket if what != "budget" else quota.budget_slot(lim.period, now)
-                needs.append(Need(row_key(kind, sid, what, slot), kind, sid, name, what, slot,
-                                  amount, limit, lim.period))
-    return needs
+    at = (bucket, now.date())
+    rows = memo.get(at) if memo is not None else None
+    if rows is None:
+        rows = []
+        for kind, sid, name in scopes:
+            lim = limits[kind]
+            for what, limit in (("rpm", lim.rpm), ("tpm", lim.tpm), ("budget", lim.budget)):
+                if limit:
+                    slot = bucket if what != "budget" else quota.budget_slot(lim.period, now)
+                    rows.append((row_key(kind, sid, what, slot), kind, sid, name, what, slot, limit,
+                                 lim.period))
+        if memo is not None:
+            if len(memo) > 3:  # buckets that are over
+                memo.clear()
+            memo[at] = rows
+    amounts = {"rpm": 1, "tpm": res.tokens, "budget": res.cost}
+    return [Need(k, sk, sid, name, what, slot, amounts[what], limit, period)
+            for k, sk, sid, name, what, slot, limit, period in rows]
 
 
 def refusal(need, room, held, now):
@@ -204,11 +203,12 @@ def refusal(need, room, held, now):
 
 
 def _limits_of(scopes, conf):
-    """Return ({scope kind: Limit}, whether any of them binds) for a key's scopes."""
+    """Return ({scope kind: Limit}, whether any of them binds, a memo for needs_of) for a key's
+    scopes."""
     rules = {kind: LimitRule.get_or_none(LimitRule.scope_kind == kind, LimitRule.scope_id == sid)
              for kind, sid, _ in scopes}
     limits = quota.effective(rules, conf["limits"])
-    return limits, any(lim.rpm or lim.tpm or lim.budget for lim in limits.values())
+    return limits, any(lim.rpm or lim.tpm or lim.budget for lim in limits.values()), {}
 
 
 def refusals(project, since):

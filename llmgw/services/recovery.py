@@ -43,8 +43,7 @@ def recover(worker_id, cutoff):
         held = {lease.counter_id: lease.amount
                 for lease in Lease.select().where(Lease.worker == worker_id, Lease.amount != 0)}
         for c in Counter.select().where(Counter.id.in_(list(held))):
-            changes.by_id(counting.row_key(c.scope_kind, c.scope_id, c.kind, c.slot), c.id,
-                          reserved=-held[c.id])
+            changes.add(counting.row_key(c.scope_kind, c.scope_id, c.kind, c.slot), reserved=-held[c.id])
         entries = list(row.inflight or [])
         done = counting.written(e["id"] for e in entries)
         rows = []

@@ -264,13 +264,13 @@ class Settlement:
         taken = self.ledger.take_changes(changes)
         rows = []
         for res, prompt, completion, actual, status, endpoint, latency, ended in batch:
-            counted = {s.key for s, _, _ in res.holds if not s.dead}
+            counted = frozenset(s.key for s, _, _ in res.holds if not s.dead)
             changes.count(res, prompt + completion, actual, counted)
             rows.append(counting.usage_row(res, prompt, completion, actual, status, endpoint,
                                            latency, ended))
         for (key_id, kind, day), n in refused.items() if refused else ():
             changes.refused(key_id, kind, day, n)
-        if not rows and not changes.rows:
+        if not rows and changes.empty():
             return False
         with counting.connected(), counting.transaction():
             if taken:

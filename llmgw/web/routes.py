@@ -3,13 +3,11 @@
 Read from the database every gateway.route_cache_seconds, never per request.
 """
 import itertools
-import threading
-import time
 
 from flask import current_app
 
 from .. import secrets_box
-from ..db import AWAY, DatabaseAway
+from ..db import cached
 from ..models import Endpoint, Model, Node, Replica
 from ..plans import routing
 from ..plans.replica_state import ROUTED
@@ -26,8 +24,7 @@ def _placement_why(model):
 
 class Routes:
     def __init__(self):
-        self.lock = threading.Lock()
-        self.loaded = 0.0
+        self.read = {}  # "routes" -> ((models, auth, load), when read): see db.cached
         self.models = {}
         self.auth = {}
         self.load = {}
@@ -37,44 +34,36 @@ class Routes:
         self.http = Upstreams()
 
     def refresh(self, max_age):
-        if time.monotonic() - self.loaded < max_age:
-            return
-        try:
-            self._load()
-        except AWAY as e:
-            if not self.loaded:
-                raise DatabaseAway(str(e).strip()) from e
-            # The database is away: route as last known, and ask again in a second.
-            self.loaded = time.monotonic() - max_age + min(max_age, 1.0)
+        """Read the routes again if they were read more than max_age seconds ago."""
+        self.models, self.auth, self.load = cached(self.read, "routes", max_age, self._load)
 
     def _load(self):
-        with self.lock:
-            models = {m.name: {"ready": [], "why": _placement_why(m), "fallbacks": m.fallbacks or []}
-                      for m in Model.select()}
-            load = {}
-            query = (Replica.select(Replica, Model, Node).join(Model).switch(Replica).join(Node))
-            for r in query:
-                entry = models.setdefault(r.model.name, {"ready": [], "why": [], "fallbacks": []})
-                if r.state in ROUTED and r.endpoint:
-                    entry["ready"].append(r.endpoint + "/v1")
-                    load[r.endpoint + "/v1"] = r.load or 0
+        models = {m.name: {"ready": [], "why": _placement_why(m), "fallbacks": m.fallbacks or []}
+                  for m in Model.select()}
+        load = {}
+        query = (Replica.select(Replica, Model, Node).join(Model).switch(Replica).join(Node))
+        for r in query:
+            entry = models.setdefault(r.model.name, {"ready": [], "why": [], "fallbacks": []})
+            if r.state in ROUTED and r.endpoint:
+                entry["ready"].append(r.endpoint + "/v1")
+                load[r.endpoint + "/v1"] = r.load or 0
+            else:
+                entry["why"].append(f"{r.name} on {r.node.name}: {r.state}"
+                                    + (f" ({r.detail})" if r.detail else ""))
+        auth = {}
+        for ep in Endpoint.select():
+            for name in ep.models or []:
+                entry = models.setdefault(name, {"ready": [], "why": [], "fallbacks": []})
+                if ep.state == "ready":
+                    entry["ready"].append(ep.url)
+                    if ep.api_key:
+                        auth[ep.url] = "Bearer " + secrets_box.unseal(
+                            current_app.config["LLMGW"]["_root"], ep.api_key)
                 else:
-                    entry["why"].append(f"{r.name} on {r.node.name}: {r.state}"
-                                        + (f" ({r.detail})" if r.detail else ""))
-            auth = {}
-            for ep in Endpoint.select():
-                for name in ep.models or []:
-                    entry = models.setdefault(name, {"ready": [], "why": [], "fallbacks": []})
-                    if ep.state == "ready":
-                        entry["ready"].append(ep.url)
-                        if ep.api_key:
-                            auth[ep.url] = "Bearer " + secrets_box.unseal(
-                                current_app.config["LLMGW"]["_root"], ep.api_key)
-                    else:
-                        entry["why"].append(f"endpoint {ep.name}: {ep.state} ({ep.detail})")
-            for entry in models.values():
-                entry["ready"].sort()  # the same order in every worker, so sessions hash alike
-            self.models, self.auth, self.load, self.loaded = models, auth, load, time.monotonic()
+                    entry["why"].append(f"endpoint {ep.name}: {ep.state} ({ep.detail})")
+        for entry in models.values():
+            entry["ready"].sort()  # the same order in every worker, so sessions hash alike
+        return models, auth, load
 
     def serve_with(self, model, allowed, session=""):
         """Return (the model that will serve, its endpoints): this one, else its first fallback
