@@ -1,5 +1,6 @@
 """Secrets kept encrypted at rest (an external endpoint's API key), with a key file under the root."""
 import os
+import tempfile
 from pathlib import Path
 
 from cryptography.fernet import Fernet, InvalidToken
@@ -8,12 +9,25 @@ from .errors import LlmgwError
 
 
 def _key(root):
+    """Return the key, creating the file on first use. Two processes starting at once (the
+    control plane's workers, a command) both end up with the same key: it is written whole to
+    a file of its own and then linked into place, which only one of them can do; a reader never
+    sees a file half written."""
     path = Path(root) / "secrets" / "fernet.key"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(Fernet.generate_key())
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".fernet.")  # mode 0600
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(Fernet.generate_key())
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                pass  # another process made it first: use that one
+        finally:
+            os.unlink(tmp)
     return path.read_bytes()
 
 

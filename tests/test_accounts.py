@@ -69,3 +69,67 @@ def test_every_post_route_refuses_a_missing_csrf_token(client, app, auth):
         for headers in ({}, {"HX-Request": "true"}):
             resp = client.post(path, data={"email": "a@b.c", "password": "x"}, headers=headers)
             assert resp.status_code == 400, (rule.rule, resp.status_code)
+
+
+def test_an_account_for_a_project_that_does_not_exist_is_not_created(runner, root, app):
+    runner.invoke(llmgw, ["init", "--root", str(root)])
+    refused = runner.invoke(llmgw, ["users", "create", "x@example.com", "--project", "nope", "--root", str(root)])
+    assert refused.exit_code != 0 and "nope" in refused.output
+    listed = runner.invoke(llmgw, ["users", "list", "--json", "--root", str(root)])
+    assert "x@example.com" not in listed.output
+    made = runner.invoke(llmgw, ["users", "create", "x@example.com", "--project", "default", "--root", str(root)])
+    assert made.exit_code == 0, made.output  # the refusal left nothing behind in its way
+
+
+def test_a_key_is_revoked_by_the_whole_key_or_any_unique_start_of_what_keys_list_shows(runner, root, app):
+    from llmgw.services import tenancy
+    runner.invoke(llmgw, ["init", "--root", str(root)])
+
+    def revoke(given):
+        return runner.invoke(llmgw, ["keys", "revoke", given, "--root", str(root)])
+    rows = [tenancy.create_key("default") for _ in range(3)]
+    (row1, key1), (row2, key2), (row3, key3) = rows
+    done = revoke(key1)  # the whole key
+    assert done.exit_code == 0 and f"revoked {row1.prefix}…" in done.output, done.output
+    done = revoke(row2.prefix + "…")  # as `keys list` shows it
+    assert done.exit_code == 0 and f"revoked {row2.prefix}…" in done.output, done.output
+    again = revoke(key2)
+    assert again.exit_code != 0 and "already revoked" in again.output
+    # Every key starts with "sk-llmgw-": that alone names none of them.
+    short = revoke("sk-llmgw-")
+    assert short.exit_code != 0 and "too short" in short.output
+    unique = next(n for n in range(11, len(row3.prefix) + 1)
+                  if not any(r.prefix[:n] == row3.prefix[:n] for r, _ in rows[:2]))
+    done = revoke(row3.prefix[:unique])
+    assert done.exit_code == 0 and f"revoked {row3.prefix}…" in done.output, done.output
+    # Longer than the shown start but not the whole key: the rest cannot be checked.
+    wrong = revoke(row3.prefix + "x" * 10)
+    assert wrong.exit_code != 0 and "give the whole key" in wrong.output
+    missing = revoke("sk-llmgw-zzzzzz")
+    assert missing.exit_code != 0 and "no key starts with" in missing.output
+    assert not [k for k in (key1, key2, key3) if tenancy.lookup_key(k)]
+
+
+def test_processes_creating_the_secrets_key_at_once_all_get_the_same_whole_key(tmp_path):
+    import multiprocessing
+    ctx = multiprocessing.get_context("fork")
+    for attempt in range(20):  # the race is narrow: start 8 processes on the same moment, often
+        root = tmp_path / str(attempt)
+        start, out = ctx.Barrier(8), ctx.Queue()
+        procs = [ctx.Process(target=_read_key, args=(str(root), start, out)) for _ in range(8)]
+        for p in procs:
+            p.start()
+        keys = [out.get(timeout=30) for _ in procs]
+        for p in procs:
+            p.join(30)
+        assert len(set(keys)) == 1 and len(keys[0]) == 44, (attempt, set(keys))
+        assert [p.name for p in (root / "secrets").iterdir()] == ["fernet.key"]  # no temporary left
+
+
+def _read_key(root, start, out):
+    from llmgw import secrets_box
+    start.wait()
+    try:
+        out.put(secrets_box._key(root))
+    except Exception as e:
+        out.put(repr(e).encode())

@@ -40,9 +40,10 @@ def list_keys(as_json):
 
 
 @keys.command("revoke")
-@click.argument("prefix")
+@click.argument("key")
 @root_option
-def revoke(prefix):
-    """Revoke the key with this prefix."""
-    row = tenancy.revoke_key(prefix.rstrip("…"))
-    click.echo(f"revoked {row.prefix}…")
+def revoke(key):
+    """Revoke a key: the whole key, or its start as `keys list` shows it (any unique part of
+    that start will do)."""
+    row = tenancy.revoke_key(key)
+    click.echo(f"revoked {row.prefix}… (project {row.project.name})")

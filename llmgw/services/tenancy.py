@@ -1,6 +1,8 @@
 """Orgs, teams, projects, users and API keys."""
 import datetime
 
+from peewee import fn
+
 from .. import security
 from ..errors import LlmgwError
 from ..models import ApiKey, Membership, Org, Project, Team, User, database, utcnow
@@ -62,11 +64,35 @@ def lookup_key(key):
     return row
 
 
-def revoke_key(prefix):
-    """Revoke the key whose display prefix is given; return the row."""
-    row = ApiKey.get_or_none(ApiKey.prefix == prefix)
-    if row is None:
-        raise LlmgwError(f"no key starts with {prefix!r}; `flask llmgw keys list` shows them.")
+def find_key(given):
+    """Return the key row for a whole key, or for the start of one as `keys list` shows it
+    (any unique start of that, with or without the trailing "…")."""
+    given = given.strip().rstrip("…")
+    row = ApiKey.get_or_none(ApiKey.key_hash == security.hash_key(given))
+    if row is not None:
+        return row
+    shown = security.display_prefix(given)
+    if len(given) > len(shown):
+        raise LlmgwError(f"{given[:len(shown)]}… is not a key this control plane made, and only its "
+                         f"first {len(shown)} characters are kept apart from the key's hash; give the "
+                         "whole key, or its start as `flask llmgw keys list` shows it.")
+    if len(given) < len(security.KEY_PREFIX) + 2:
+        raise LlmgwError(f"{given!r} is too short to name one key; give at least "
+                         f"{len(security.KEY_PREFIX) + 2} characters as `flask llmgw keys list` shows them.")
+    rows = list(ApiKey.select().where(fn.SUBSTR(ApiKey.prefix, 1, len(given)) == given).order_by(ApiKey.id))
+    if not rows:
+        raise LlmgwError(f"no key starts with {given!r}; `flask llmgw keys list` shows them.")
+    if len(rows) > 1:
+        raise LlmgwError(f"{len(rows)} keys start with {given!r} ({', '.join(r.prefix + '…' for r in rows[:5])}); "
+                         "give more of the key.")
+    return rows[0]
+
+
+def revoke_key(given):
+    """Revoke the key named by find_key; return the row."""
+    row = find_key(given)
+    if row.revoked is not None:
+        raise LlmgwError(f"key {row.prefix}… was already revoked at {row.revoked:%Y-%m-%d %H:%M} UTC.")
     row.revoked = utcnow()
     row.save()
     return row
@@ -98,13 +124,16 @@ def sign_up(email, password):
 
 
 def create_user(email, admin=False, project=None):
-    """Create an active account with a generated password; return (user, password)."""
+    """Create an active account with a generated password; return (user, password). Nothing
+    is created when the project does not exist."""
+    found = find_project(project) if project else None
     password = security.generate_password()
-    user = sign_up(email, password)
-    user.is_active, user.is_admin = True, admin
-    user.save()
-    if project:
-        Membership.create(user=user, project=find_project(project))
+    with database.atomic():
+        user = sign_up(email, password)
+        user.is_active, user.is_admin = True, admin
+        user.save()
+        if found:
+            Membership.create(user=user, project=found)
     return user, password
 
 
