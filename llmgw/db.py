@@ -1,4 +1,5 @@
 """The peewee database: opened from the configured URL, one connection per request or task."""
+import threading
 import time
 import urllib.parse
 
@@ -140,23 +141,29 @@ class DatabaseAway(Exception):
 AWAY_RETRY_SECONDS = 1.0
 
 
-def cached(entries, what, ttl, make):
+def cached(entries, reading, what, ttl, make):
     """Return entries[what] if it was read less than ttl seconds ago, else read it with make().
 
     One caller at a time reads: under gevent a query yields to the hub while PostgreSQL
     answers, and every request arriving meanwhile found the same entry expired and ran the same
     queries again (one worker, 32 requests at a time: up to 32 reads of a key's limits per
-    second instead of one). The first to find it expired marks it fresh and reads; the others
-    go on with the value it replaces, as old as they would have been served a moment before.
-    While the database is away the last value is served and read again after
+    second instead of one). The others wait for that read and take its value: a value older than
+    ttl is never used while the database answers (a limit set a second ago binds every request
+    after it). While the database is away the last value is served and read again after
     AWAY_RETRY_SECONDS; an entry never read raises DatabaseAway.
+
+    reading: the reads under way for these entries (what -> Event), a dict kept beside them.
     """
-    hit = entries.get(what)
-    now = time.monotonic()
-    if hit is not None and now - hit[1] < ttl:
-        return hit[0]
-    if hit is not None:
-        entries[what] = (hit[0], now)
+    while True:
+        hit = entries.get(what)
+        now = time.monotonic()
+        if hit is not None and now - hit[1] < ttl:
+            return hit[0]
+        under_way = reading.get(what)
+        if under_way is None:
+            break
+        under_way.wait(60)  # then look again: it read, or failed and the next one tries
+    done = reading[what] = threading.Event()
     try:
         value = make()
     except AWAY as e:
@@ -164,10 +171,9 @@ def cached(entries, what, ttl, make):
             raise DatabaseAway(str(e).strip()) from e
         entries[what] = (hit[0], now - ttl + min(ttl, AWAY_RETRY_SECONDS))
         return hit[0]
-    except BaseException:
-        if hit is not None:
-            entries[what] = hit  # the next caller tries again
-        raise
+    finally:
+        del reading[what]
+        done.set()
     entries[what] = (value, time.monotonic())
     return value
 

@@ -105,12 +105,12 @@ class Lookups:
     database for them at most once a second, and a limit that binds nothing costs nothing."""
 
     def __init__(self, ttl=1.0):
-        self.ttl, self.entries = ttl, {}
+        self.ttl, self.entries, self.reading = ttl, {}, {}
 
     def get(self, what, make):
         if len(self.entries) > MAX_ENTRIES:  # a flood of made-up keys must not grow the worker
             self.entries.clear()
-        return cached(self.entries, what, self.ttl, make)
+        return cached(self.entries, self.reading, what, self.ttl, make)
 
 
 class Need(NamedTuple):

@@ -25,6 +25,7 @@ def _placement_why(model):
 class Routes:
     def __init__(self):
         self.read = {}  # "routes" -> ((models, auth, load), when read): see db.cached
+        self.reading = {}
         self.models = {}
         self.auth = {}
         self.load = {}
@@ -35,7 +36,7 @@ class Routes:
 
     def refresh(self, max_age):
         """Read the routes again if they were read more than max_age seconds ago."""
-        self.models, self.auth, self.load = cached(self.read, "routes", max_age, self._load)
+        self.models, self.auth, self.load = cached(self.read, self.reading, "routes", max_age, self._load)
 
     def _load(self):
         models = {m.name: {"ready": [], "why": _placement_why(m), "fallbacks": m.fallbacks or []}
