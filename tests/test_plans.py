@@ -83,6 +83,14 @@ def test_systemd_launch_is_a_transient_unit_with_restart():
     assert argv[-3:] == ["/opt/x/llama-server", "-m", "a b"]
 
 
+def test_systemd_launch_keeps_a_dollar_in_an_argument_from_being_expanded():
+    # systemd expands $VAR and ${VAR} in ExecStart when it starts the unit; $$ is one dollar.
+    argv = launch.start_argv("systemd", "llmgw-m-0", ["/opt/x/llama-server", "--alias", "a${HOME}$x$$"],
+                             "/opt/llmgw", {"HF_HOME": "/x"})
+    assert argv[-3:] == ["/opt/x/llama-server", "--alias", "a$${HOME}$$x$$$$"]
+    assert "--setenv=HF_HOME=/x" in argv
+
+
 def test_fallback_launch_keeps_user_strings_as_arguments():
     argv = launch.start_argv("setsid", "llmgw-m-0", ["python3", "x.py", "$(id)"], "/opt/llmgw")
     assert argv[-1] == "$(id)" and "setsid" in argv

@@ -127,3 +127,20 @@ def test_an_engine_that_dies_mid_stream_ends_the_stream_with_an_error(app, clien
     assert last["error"]["code"] == "upstream_broken"
     status, tokens = _last_usage(app)
     assert status == 502 and 2 <= tokens <= 5  # billed for what it carried
+
+
+def test_a_stream_closed_before_its_body_began_counts_down_and_is_settled(app, slow):
+    """gunicorn closes a response without reading it when sending its headers fails (the
+    client left): the generator never ran, and neither did its cleanup."""
+    from werkzeug.test import EnvironBuilder
+    headers = slow(token_delay=0.05)
+    environ = EnvironBuilder(path="/v1/chat/completions", method="POST", headers=headers, json={
+        "model": "slow", "max_tokens": 40, "stream": True,
+        "messages": [{"role": "user", "content": "hi"}]}).get_environ()
+    started = []
+    body = app(environ, lambda status, headers, exc_info=None: started.append(status))
+    assert started == ["200 OK"]
+    body.close()  # as gunicorn does when the headers could not be sent: not a byte read
+    routes = app.extensions["llmgw.gateway"][0]
+    assert set(routes.inflight.values()) == {0}, routes.inflight
+    assert _last_usage(app)[0] == 499

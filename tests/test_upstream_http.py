@@ -238,6 +238,28 @@ def test_an_idle_connection_the_engine_closed_is_replaced(serve):
     assert server.accepted == 2
 
 
+def test_idle_connections_their_engine_closed_do_not_wait_in_close_wait(serve):
+    closed = threading.Event()
+
+    def handler(conn, server):
+        server.read_request(conn)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        if server.accepted == 1:
+            return closed.set()  # as an engine's keep-alive timeout does, while idle here
+        keep_answering(conn, server, b"ok")
+
+    first, other = serve(handler), serve(lambda conn, server: keep_answering(conn, server, b"ok"))
+    http = Upstreams()
+    http.lean.sweep_every = 0  # each request sweeps
+    ask_times(http, first, 1, b"ok")
+    (idle,) = http.lean.idle[("127.0.0.1", first.port)]
+    assert closed.wait(5)
+    time.sleep(0.1)  # the FIN arrives: our end of it is now in CLOSE_WAIT
+    ask_times(http, other, 1, b"ok")  # a request to another engine sweeps every pool
+    assert ("127.0.0.1", first.port) not in http.lean.idle and idle.fileno() == -1
+    assert len(http.lean.idle[("127.0.0.1", other.port)]) == 1  # a live one stays
+
+
 def test_a_connection_that_dies_as_it_is_reused_is_retried_once_on_a_new_one(serve):
     """The close races the request: it was sent on the old connection, which ends (or is
     reset) without a byte of answer."""
@@ -311,8 +333,9 @@ def test_no_response_head_in_time_is_a_head_timeout(serve):
 def test_a_head_that_trickles_in_is_still_bounded(serve):
     def handler(conn, server):
         server.read_request(conn)
-        for _ in range(40):
-            conn.sendall(b"X-Pad: 1\r\n"[:1])
+        conn.sendall(b"HTTP/1.1 200 OK\r\n")
+        for _ in range(40):  # a valid head, a byte at a time, never ending
+            conn.sendall(b"X-Pad: 1\r\n"[_ % 10:_ % 10 + 1])
             time.sleep(0.05)
 
     server = serve(handler)

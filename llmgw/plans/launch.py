@@ -104,9 +104,13 @@ def start_argv(supervisor, unit, argv, base_dir, env=None):
     """Return the argv that starts argv as unit under the supervisor and returns at once."""
     env = env or {}
     if supervisor == "systemd":
+        # systemd expands $VAR and ${VAR} in a service's command line when it starts it
+        # (`$$` is a dollar): a model named a${HOME} would run as a/root. The other way runs
+        # the argv through exec, which expands nothing.
         return ["systemd-run", f"--unit={unit}", "--property=Restart=on-failure",
                 "--property=RestartSec=2", f"--description={DESCRIPTION} {unit}",
-                *(f"--setenv={k}={v}" for k, v in sorted(env.items())), "--collect", *argv]
+                *(f"--setenv={k}={v}" for k, v in sorted(env.items())), "--collect",
+                *(arg.replace("$", "$$") for arg in argv)]
     pidfile = posixpath.join(run_dir(base_dir), f"{unit}.pid")
     log = log_path(base_dir, unit)
     # $0 is the unit name and "$@" the engine: the pidfile holds the engine's own pid

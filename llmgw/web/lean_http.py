@@ -1,19 +1,28 @@
 """A small HTTP/1.1 client for plain http:// engines: the gateway's hot path.
 
-One sendall per request, the response head parsed by hand, the body decoded (Content-Length,
-chunked, or until close) as it arrives, idle kept-alive sockets pooled per (host, port). It is
-built on the stdlib socket module, which gevent patches in the workers. urllib3 spent a third of
-a relayed request's CPU on what this does not need (email-parser headers, pool bookkeeping);
-upstream_http.py keeps urllib3 for https and proxies.
+One sendall per request; the response parsed by llhttp (Node.js's parser, through httptools)
+as it arrives, head and body (Content-Length, chunked, or until close); idle kept-alive sockets
+pooled per (host, port). It is built on the stdlib socket module, which gevent patches in the
+workers. urllib3 spent a third of a relayed request's CPU on what this does not need
+(email-parser headers, pool bookkeeping); upstream_http.py keeps urllib3 for https and proxies.
+
+llhttp refuses what HTTP/1.1 forbids and a hand-written parser let through or waited on: a
+Content-Length that is not ASCII digits (or given twice), Transfer-Encoding together with
+Content-Length, folded header lines, lines ended by a bare LF, bad chunk framing. Such a
+response fails at once, as a protocol error, instead of being misread or timing out.
 """
 import errno
 import socket
 import time
 import urllib.parse
 
+import httptools
+
 MAX_HEAD = 65536
 RECV = 65536
 CONNECTIONS_PER_HOST = 1024
+IDLE_SECONDS = 60  # an idle pooled socket older than this is closed
+SWEEP_SECONDS = 5  # how often idle sockets are checked for a peer that closed them
 
 
 class UpstreamError(Exception):
@@ -95,6 +104,19 @@ def keepalive_options(liveness):
             (socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(liveness * 1000))]
 
 
+def _usable(sock):
+    """Whether an idle socket can carry a request: not closed by its peer, nothing unasked
+    for waiting on it."""
+    try:
+        sock.settimeout(0.0)
+        sock.recv(1, socket.MSG_PEEK)  # EOF, or bytes nobody asked for: not usable
+    except BlockingIOError:
+        return True  # nothing to read and not closed: alive
+    except OSError:
+        pass
+    return False
+
+
 class _Dead(Exception):
     """A connection closed or reset before the first byte of the response head."""
 
@@ -104,8 +126,11 @@ class LeanPool:
 
     def __init__(self, per_host=CONNECTIONS_PER_HOST):
         self.idle = {}  # (host, port) -> [socket], the last one idle first out
+        self.since = {}  # socket -> when it was given back
         self.per_host = per_host
         self.targets = {}  # url -> (scheme, host, port, head prefix); urls are few
+        self.swept = time.monotonic()
+        self.sweep_every = SWEEP_SECONDS
 
     def target(self, url):
         got = self.targets.get(url)
@@ -128,15 +153,11 @@ class LeanPool:
     def _take(self, key):
         """Return an idle socket for key that looks alive, or None."""
         idle = self.idle.get(key)
+        now = time.monotonic()
         while idle:
             sock = idle.pop()
-            try:
-                sock.settimeout(0.0)
-                sock.recv(1, socket.MSG_PEEK)  # EOF, or bytes nobody asked for: not usable
-            except BlockingIOError:
-                return sock  # nothing to read and not closed: alive
-            except OSError:
-                pass
+            if now - self.since.pop(sock, now) < IDLE_SECONDS and _usable(sock):
+                return sock
             sock.close()
         return None
 
@@ -146,8 +167,28 @@ class LeanPool:
             idle = self.idle[key] = []
         if len(idle) < self.per_host:
             idle.append(sock)
+            self.since[sock] = time.monotonic()
         else:
             sock.close()
+
+    def sweep(self, now=None):
+        """Close idle sockets that their engine closed (each would wait in CLOSE_WAIT until
+        taken, for ever for an engine no longer asked) or that waited past IDLE_SECONDS.
+        Run by requests, at most every sweep_every seconds."""
+        now = now or time.monotonic()
+        self.swept = now
+        for key, idle in list(self.idle.items()):
+            kept = []
+            for sock in idle:
+                if now - self.since.get(sock, now) < IDLE_SECONDS and _usable(sock):
+                    kept.append(sock)
+                else:
+                    self.since.pop(sock, None)
+                    sock.close()
+            if kept:
+                self.idle[key] = kept
+            else:
+                del self.idle[key]
 
     def post(self, target, data, headers, connect_timeout, head_timeout, liveness=0):
         _, host, port, prefix = target
@@ -157,6 +198,8 @@ class LeanPool:
         head.append(b"Content-Length: %d\r\n\r\n" % len(data))
         request = b"".join(head) + data
         key = (host, port)
+        if time.monotonic() - self.swept >= self.sweep_every:
+            self.sweep()
         sock = self._take(key)
         if sock is not None:
             try:
@@ -180,7 +223,7 @@ class LeanPool:
     def _exchange(self, key, sock, request, head_timeout):
         """Send the request and read the response head; return the LeanResponse."""
         deadline = time.monotonic() + head_timeout
-        buf, heard = b"", False
+        msg, heard = _Message(), False
         try:
             sock.settimeout(head_timeout)
             sock.sendall(request)
@@ -192,13 +235,13 @@ class LeanPool:
                                             "response head")
                     raise _Dead()
                 heard = True
-                buf += data
-                while (end := buf.find(b"\r\n\r\n")) >= 0:
-                    response = _parse_head(self, key, sock, buf, end)
-                    if response is not None:
-                        return response
-                    buf = buf[end + 4:]  # an interim 1xx response: the real one follows
-                if len(buf) > MAX_HEAD:
+                try:
+                    msg.feed(data)
+                except httptools.HttpParserError as e:
+                    raise _not_http(e) from None
+                if msg.head_done:
+                    return LeanResponse(self, key, sock, msg)
+                if msg.head_bytes > MAX_HEAD:
                     raise ConnectFailed("the response head is too long")
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -223,78 +266,78 @@ class LeanPool:
             raise
 
 
-def _parse_head(pool, key, sock, buf, end):
-    """Return the LeanResponse for the head in buf[:end], or None for an interim 1xx one."""
-    lines = buf[:end].split(b"\r\n")
-    try:
-        version, code = lines[0].split(None, 2)[:2]
-        status = int(code)
-    except ValueError:
-        raise ConnectFailed(f"not an HTTP response: {lines[0][:80]!r}") from None
-    if not version.startswith(b"HTTP/1.") or not 100 <= status <= 999:
-        raise ConnectFailed(f"not an HTTP/1 response: {lines[0][:80]!r}")
-    if status < 200:
-        return None
-    fields = {}
-    for line in lines[1:]:
-        name, sep, value = line.partition(b":")
-        if not sep:
-            continue  # (obsolete line folding, junk): ignored
-        name = name.strip().decode("latin-1").lower()
-        value = value.strip().decode("latin-1")
-        if name in fields:
-            fields[name] = f"{fields[name]}, {value}"
-        else:
-            fields[name] = value
-    keep = version == b"HTTP/1.1"
-    connection = fields.get("connection")
-    if connection is not None:
-        tokens = {t.strip().lower() for t in connection.split(",")}
-        if "close" in tokens:
-            keep = False
-        elif "keep-alive" in tokens and version == b"HTTP/1.0":
-            keep = True
-    rest = buf[end + 4:]
-    te = fields.get("transfer-encoding")
-    if status in (204, 304):
-        length = 0
-    elif te is not None:
-        length = None
-        if te.rsplit(",", 1)[-1].strip().lower() == "chunked":
-            return LeanResponse(pool, key, sock, status, Headers(fields), rest, keep, -1)
-        keep = False  # some other coding last: the body ends when the connection does
-    else:
-        length = None
-        cl = fields.get("content-length")
-        if cl is not None:
-            values = {v.strip() for v in cl.split(",")}
-            if len(values) != 1 or not (v := values.pop()).isdigit():
-                raise ConnectFailed(f"a bad Content-Length: {cl!r}")
-            length = int(v)
-    if length is None:
-        keep = False  # read until the connection closes
-        length = -2
-    return LeanResponse(pool, key, sock, status, Headers(fields), rest, keep, length)
+class _Message:
+    """httptools' callbacks for one response: its head, and body bytes as they are parsed.
+
+    Interim 1xx responses are skipped. Callbacks only record: an exception raised in one
+    would come back from feed_data wrapped."""
+    __slots__ = ("parser", "status", "fields", "head_done", "keep", "framed", "body", "complete",
+                 "after", "head_bytes", "error")
+
+    def __init__(self):
+        self.parser = httptools.HttpResponseParser(self)
+        self.status, self.fields, self.head_done, self.keep, self.framed = 0, {}, False, False, False
+        self.body, self.complete, self.after, self.head_bytes, self.error = [], False, False, 0, None
+
+    def on_message_begin(self):
+        if self.complete:
+            self.after = True  # bytes after the end: no telling what they are
+
+    def on_header(self, name, value):
+        name = name.decode("latin-1").lower()
+        value = value.decode("latin-1").strip()
+        fields = self.fields
+        fields[name] = f"{fields[name]}, {value}" if name in fields else value
+
+    def on_headers_complete(self):
+        status = self.parser.get_status_code()
+        if status < 200:
+            self.fields = {}  # an interim response: the real one follows
+            return
+        self.status, self.head_done = status, True
+        te = self.fields.get("transfer-encoding", "")
+        chunked = te.rsplit(",", 1)[-1].strip().lower() == "chunked"
+        self.framed = chunked or (not te and "content-length" in self.fields) or status in (204, 304)
+        # Without a length or chunks the body ends when the connection does.
+        self.keep = self.framed and self.parser.should_keep_alive()
+
+    def on_body(self, body):
+        if not self.after:
+            self.body.append(body)
+
+    def on_message_complete(self):
+        if self.head_done and not self.complete:
+            self.complete = True
+
+    def feed(self, data):
+        """Parse what arrived. What HTTP/1.1 forbids raises httptools.HttpParserError within
+        the head; within the body it is kept in `error`, for after the body parsed before it."""
+        if self.after or self.error:
+            return
+        if not self.head_done:
+            self.head_bytes += len(data)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as e:  # HttpParserUpgrade included
+            if self.complete:
+                self.after = True  # junk after a whole response: the connection is not reused
+            elif self.head_done:
+                self.error = str(e) or type(e).__name__
+            else:
+                raise
 
 
-# Body states of a chunked response.
-_SIZE, _DATA, _CRLF, _TRAILER, _END = range(5)
+def _not_http(e):
+    return ConnectFailed(f"the replica's response is not valid HTTP/1.1 ({e})")
 
 
 class LeanResponse:
-    """A response whose body is read as it arrives. mode: >= 0 bytes of Content-Length left,
-    -1 chunked, -2 until the connection closes."""
-    __slots__ = ("status", "headers", "_pool", "_key", "_sock", "_buf", "_pos", "_keep", "_left",
-                 "_chunked", "_state", "_done", "_timeout", "_applied")
+    """A response whose body is read as it arrives."""
+    __slots__ = ("status", "headers", "_pool", "_key", "_sock", "_msg", "_timeout", "_applied")
 
-    def __init__(self, pool, key, sock, status, headers, rest, keep, mode):
-        self._pool, self._key, self._sock = pool, key, sock
-        self.status, self.headers = status, headers
-        self._buf, self._pos, self._keep = rest, 0, keep
-        self._chunked = mode == -1
-        self._left = mode  # Content-Length left; -2: until close
-        self._state = _SIZE
-        self._done = mode == 0
+    def __init__(self, pool, key, sock, msg):
+        self._pool, self._key, self._sock, self._msg = pool, key, sock, msg
+        self.status, self.headers = msg.status, Headers(msg.fields)
         self._timeout = self._applied = None
 
     def set_read_timeout(self, seconds):
@@ -318,99 +361,26 @@ class LeanResponse:
             raise Broken(str(e)) from e
 
     def read1(self, n=RECV):
-        """Return up to n bytes of the body that have arrived (waiting only when none have);
-        b"" at its end. Raises ReadTimedOut or Broken."""
-        if self._done:
-            return b""
-        if self._chunked:
-            return self._read_chunked(n)
-        buf, pos = self._buf, self._pos
-        left = self._left
-        if pos < len(buf):
-            take = n if left < 0 else min(n, left)
-            out = buf if pos == 0 and take >= len(buf) else buf[pos:pos + take]
-            self._pos = pos + len(out)
-        else:
-            self._buf, self._pos = b"", 0
-            out = self._recv(n if left < 0 else min(n, left))
-            if not out:
-                if left == -2:
-                    self._done = True
-                    return b""
-                raise Broken(f"the connection closed with {left} bytes of the body unread")
-        if left >= 0:
-            left -= len(out)
-            self._left = left
-            if left == 0:
-                self._done = True
-        return out
-
-    def _read_chunked(self, n):
-        out = []
-        got = 0
+        """Return the body bytes that have arrived (waiting only when none have; at most what
+        one read brings); b"" at its end. Raises ReadTimedOut or Broken."""
+        msg = self._msg
         while True:
-            buf, pos, state = self._buf, self._pos, self._state
-            size = len(buf)
-            while pos < size and got < n:
-                if state == _DATA:
-                    take = min(self._left, n - got, size - pos)
-                    out.append(buf[pos:pos + take])
-                    got += take
-                    pos += take
-                    self._left -= take
-                    if self._left == 0:
-                        state = _CRLF
-                elif state == _CRLF:
-                    if size - pos < 2:
-                        break
-                    if buf[pos:pos + 2] != b"\r\n":
-                        raise Broken("a chunk does not end with CRLF")
-                    pos += 2
-                    state = _SIZE
-                elif state == _SIZE:
-                    eol = buf.find(b"\r\n", pos)
-                    if eol < 0:
-                        if size - pos > 1024:
-                            raise Broken("a chunk size line is too long")
-                        break
-                    line = buf[pos:eol].split(b";", 1)[0].strip()
-                    try:
-                        if not line or line[:1] in b"+-":
-                            raise ValueError(line)
-                        chunk = int(line, 16)
-                    except ValueError:
-                        raise Broken(f"a bad chunk size {line[:40]!r}") from None
-                    pos = eol + 2
-                    if chunk:
-                        self._left, state = chunk, _DATA
-                    else:
-                        state = _TRAILER
-                elif state == _TRAILER:
-                    eol = buf.find(b"\r\n", pos)
-                    if eol < 0:
-                        if size - pos > MAX_HEAD:
-                            raise Broken("the trailer is too long")
-                        break
-                    empty = eol == pos
-                    pos = eol + 2
-                    if empty:
-                        state = _END
-                        break
-                else:
-                    break
-            self._pos, self._state = pos, state
-            if state == _END:
-                self._done = True
-                if pos < size:
-                    self._keep = False  # bytes after the end: no telling what they are
-                return b"".join(out)
-            if got:
-                return b"".join(out) if len(out) > 1 else out[0]
+            body = msg.body
+            if body:
+                out = body[0] if len(body) == 1 else b"".join(body)
+                msg.body = [out[n:]] if len(out) > n else []
+                return out[:n] if len(out) > n else out
+            if msg.error:
+                raise Broken(f"the body's framing is not valid HTTP/1.1 ({msg.error})")
+            if msg.complete:
+                return b""
             data = self._recv(RECV)
             if not data:
-                raise Broken("the connection closed within a chunked body")
-            self._buf = buf[pos:] + data if pos < size else data
-            self._pos = 0
+                if not msg.framed:
+                    msg.complete = True  # the body ends with the connection
+                    return b""
+                raise Broken("the connection closed before the end of the body")
+            msg.feed(data)
 
     def finish(self, complete):
         """Give the connection back for the next request when the body was read to its end;
@@ -419,7 +389,8 @@ class LeanResponse:
         if sock is None:
             return
         self._sock = None
-        if complete and self._done and self._keep and self._pos >= len(self._buf):
+        msg = self._msg
+        if complete and msg.complete and msg.keep and not msg.after and not msg.body:
             self._pool.give_back(self._key, sock)
         else:
             sock.close()

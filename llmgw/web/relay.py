@@ -204,27 +204,28 @@ def _send(endpoints, path, data, reservation, routes, g, stream, tap, settle, de
                 headers["Authorization"] = routes.auth[endpoint]
             upstream = routes.http.post(f"{endpoint}/{path}", data, headers, g["connect_timeout"],
                                         wait_first, g["engine_liveness"])
-        except HeadTimeout:
-            # It took the request and may be working on it: another replica would do it twice.
+        except BaseException as e:
+            # Whatever ended it, this endpoint has one request less; forward() settles what
+            # is not settled here.
             routes.inflight[endpoint] -= 1
-            settle(reservation, 0, 0, 504, endpoint)
-            which = "gateway.first_byte_timeout" if stream else "gateway.generation_timeout"
-            return error(504, f"The replica did not start answering within {wait_first:g} s ({which}).",
-                         "server_error", "upstream_timeout",
-                         headers=_ids(reservation))
-        except ConnectFailed as e:
-            routes.inflight[endpoint] -= 1
-            last = e
-            continue  # nothing reached the client yet, so another replica may answer
-        except (ClientGone, ShuttingDown) as e:
-            # The engine may have read the prompt: that much is billed.
-            routes.inflight[endpoint] -= 1
-            status = 499 if isinstance(e, ClientGone) else e.status
-            settle(reservation, *_billed(None, None, status, reservation), status, endpoint)
-            if isinstance(e, ClientGone):
-                raise
-            return error(e.status, f"The replica did not answer: {e}.", "server_error", e.code,
-                         headers=_ids(reservation))
+            if isinstance(e, HeadTimeout):
+                # It took the request and may be working on it: another replica would do it twice.
+                settle(reservation, 0, 0, 504, endpoint)
+                which = "gateway.first_byte_timeout" if stream else "gateway.generation_timeout"
+                return error(504, f"The replica did not start answering within {wait_first:g} s ({which}).",
+                             "server_error", "upstream_timeout", headers=_ids(reservation))
+            if isinstance(e, ConnectFailed):
+                last = e
+                continue  # nothing reached the client yet, so another replica may answer
+            if isinstance(e, (ClientGone, ShuttingDown)):
+                # The engine may have read the prompt: that much is billed.
+                status = 499 if isinstance(e, ClientGone) else e.status
+                settle(reservation, *_billed(None, None, status, reservation), status, endpoint)
+                if isinstance(e, ClientGone):
+                    raise
+                return error(e.status, f"The replica did not answer: {e}.", "server_error", e.code,
+                             headers=_ids(reservation))
+            raise
         reservation.endpoint = endpoint
         if stream:
             return _relay(upstream, endpoint, routes, reservation, tap, settle, deadline, g)
@@ -296,6 +297,19 @@ def _whole(upstream, endpoint, routes, reservation, settle, deadline, g):
 
 def _relay(upstream, endpoint, routes, reservation, tap, settle, deadline, g):
     status = upstream.status
+    ended = []
+
+    def end(outcome):
+        """Once, however the stream ends: keep or close the engine's connection (closing it
+        stops generation), count the endpoint down, settle."""
+        if ended:
+            return
+        ended.append(outcome)
+        try:
+            upstream.finish(outcome == status)
+        finally:
+            routes.inflight[endpoint] -= 1
+            settle(reservation, *_billed(tap.usage, tap, outcome, reservation), outcome, endpoint)
 
     def body():
         outcome = 499  # until the end is reached, the client went away
@@ -326,11 +340,18 @@ def _relay(upstream, endpoint, routes, reservation, tap, settle, deadline, g):
             yield b"data: " + json.dumps(event).encode() + b"\n\n"
         finally:
             relaying.__exit__(None, None, None)
-            upstream.finish(outcome == status)  # closed on a disconnect: the engine stops
-            routes.inflight[endpoint] -= 1
-            settle(reservation, *_billed(tap.usage, tap, outcome, reservation), outcome, endpoint)
+            end(outcome)
 
-    return Response(stream_with_context(body()), status=status, headers=_headers(upstream, reservation))
+    try:
+        response = Response(stream_with_context(body()), status=status,
+                            headers=_headers(upstream, reservation))
+    except BaseException:
+        end(502)
+        raise
+    # A response closed before its body began (the client left while its headers were sent)
+    # never runs the generator's `finally`: closing the response ends it all the same.
+    response.call_on_close(lambda: end(499))
+    return response
 
 
 def _usage_of(content):
