@@ -79,3 +79,22 @@ def test_migrations_apply_revert_and_apply_again(app):
 def test_serve_starts_a_dying_reconciler_again_with_backoff():
     from llmgw.cli.setup import restart_delay
     assert [restart_delay(n) for n in (1, 2, 3, 6, 7, 20)] == [1, 2, 4, 32, 60, 60]
+
+
+def test_a_web_worker_does_not_import_ssh_or_the_commands(tmp_path):
+    """gunicorn's workers import wsgi: the CLI's modules and the SSH executor (asyncssh) stay
+    out of them; a command imports them when it runs."""
+    import subprocess
+    import sys
+    from tests.conftest import TOP
+    probe = ("import sys, wsgi; print(sorted(m for m in ('asyncssh', 'llmgw.executors.ssh', "
+             "'llmgw.services.nodes', 'llmgw.services.replicas', 'llmgw.cli.cluster', 'llmgw.cli.models') "
+             "if m in sys.modules))")
+    env = {"PATH": "/usr/bin:/bin", "LLMGW_ROOT": str(tmp_path), "HOME": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", probe], cwd=TOP, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+    listed = subprocess.run([sys.executable, "-m", "flask", "--app", "llmgw:create_app", "llmgw", "--help"],
+                            cwd=TOP, env=env, capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0 and "add-node" in listed.stdout and "drain" in listed.stdout, listed.stderr

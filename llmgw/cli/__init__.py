@@ -10,7 +10,24 @@ from flask.cli import AppGroup, with_appcontext
 
 from ..errors import LlmgwError
 
-llmgw = AppGroup("llmgw", help="Manage an llmgw control plane.")
+class _Commands(AppGroup):
+    """The llmgw group. Its commands' modules, and the services they use (asyncssh among them),
+    are imported when a command is first looked up: a web worker, which registers the group
+    but runs no command, never imports them."""
+
+    def _load(self):
+        from . import cluster, demo, keys, limits, mirror, models, setup, users  # noqa: F401  (they add their commands)
+
+    def get_command(self, ctx, name):
+        self._load()
+        return super().get_command(ctx, name)
+
+    def list_commands(self, ctx):
+        self._load()
+        return super().list_commands(ctx)
+
+
+llmgw = _Commands("llmgw", help="Manage an llmgw control plane.")
 
 
 def root_option(f=None, *, creates=False):
@@ -68,5 +85,4 @@ def echo_json(obj):
 
 
 def register(app):
-    from . import cluster, demo, keys, limits, mirror, models, setup, users  # noqa: F401  (they add their commands to the group)
     app.cli.add_command(llmgw)

@@ -9,7 +9,7 @@ from ..models import Endpoint, Node, NodeEvent, Replica
 from ..plans.launch import supervisor_for
 from ..plans.nodespec import parse_duration
 from ..services import logs as logsvc
-from ..services import cards, collect, endpoints, install, nodes
+from ..services import cards, collect, endpoints, install, lifecycle, nodes
 from ..plans.sizing import human_bytes
 from . import conf, echo_json, llmgw, root_option, run_async
 
@@ -132,7 +132,7 @@ def _node(name):
 @root_option
 def cordon(name):
     """Place no new replicas on a node; those running there stay."""
-    click.echo(nodes.cordon(_node(name), True))
+    click.echo(lifecycle.cordon(_node(name), True))
 
 
 @llmgw.command("uncordon")
@@ -140,7 +140,7 @@ def cordon(name):
 @root_option
 def uncordon(name):
     """Let new replicas be placed on a cordoned, draining or drained node again."""
-    click.echo(nodes.cordon(_node(name), False))
+    click.echo(lifecycle.cordon(_node(name), False))
 
 
 @llmgw.command("drain")
@@ -154,7 +154,7 @@ def drain(name, timeout):
         seconds = parse_duration(timeout, "--timeout")
     except ValueError as e:
         raise LlmgwError(str(e)) from None
-    click.echo(nodes.drain(_node(name), seconds))
+    click.echo(lifecycle.drain(_node(name), seconds))
 
 
 @llmgw.command("weights")

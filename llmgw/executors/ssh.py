@@ -7,13 +7,11 @@ import shlex
 import asyncssh
 
 from ..errors import HostKeyMismatch, NodeError
-from .transport import Result, Transport, kept, pump
+from .transport import LONG_FILE_SECONDS, Result, Transport, kept, pump
 
 # Stock sshd allows 10 sessions per connection; the 11th channel fails to open.
 DEFAULT_MAX_SESSIONS = 8
 SUDO_NEEDS_PASSWORD = "a password is required"
-# Hashing or moving a model file of tens of GB takes minutes, not ssh.command_timeout.
-LONG_FILE_SECONDS = 3600
 
 
 def fingerprint(public_key_text):

@@ -9,6 +9,9 @@ from dataclasses import dataclass
 
 from ..errors import NodeError
 
+# Hashing or moving a model file of tens of GB takes minutes, not ssh.command_timeout.
+LONG_FILE_SECONDS = 3600
+
 
 @dataclass
 class Result:

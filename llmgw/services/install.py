@@ -10,7 +10,7 @@ from ..errors import InstallError, LlmgwError
 from ..facts.host import packaging_family
 from ..facts.ldd import missing_libraries
 from ..models import EngineInstall, NodeEvent, utcnow
-from ..executors.ssh import LONG_FILE_SECONDS
+from ..executors.transport import LONG_FILE_SECONDS
 from ..facts import tarlist
 from ..plans import archive, packages
 from ..plans.engines import Unsupported, choose, slow_cpu_warning

@@ -8,8 +8,9 @@ from ..errors import HostKeyMismatch, LlmgwError, NodeError
 from ..executors import ssh
 from ..executors.transport import LocalTransport
 from ..facts import changes, gpu, host
-from ..models import Node, NodeEvent, Replica, database, utcnow
+from ..models import Node, Replica, database, utcnow
 from ..plans import launch, nodespec
+from .lifecycle import log_event
 from .replicas import units_on
 
 INSTALL_KEY = ('umask 077; mkdir -p "$HOME/.ssh"; touch "$HOME/.ssh/authorized_keys"; '
@@ -40,10 +41,6 @@ class NodeSpec:
         if not base_dir.startswith("/"):
             raise LlmgwError(f"--base-dir {base_dir!r} must be an absolute path on the node.")
         return spec
-
-
-def log_event(node, text):
-    NodeEvent.create(node=node, text=text)
 
 
 def addrs_of(node):
@@ -91,43 +88,6 @@ async def rediscover(node, transport):
     node.facts, node.discovered = facts, utcnow()
     node.save(only=[Node.facts, Node.discovered])  # never undo an add-node made meanwhile
     return node
-
-
-def cordon(node, on, who="the CLI"):
-    """Cordon a node (no new replicas; what runs there stays) or uncordon it; return a sentence.
-
-    Uncordoning also ends a drain, or what a finished one left: replicas may land there again.
-    Replicas already replaced elsewhere still leave; one whose replacement found no place yet
-    stays and serves.
-    """
-    wanted = "cordoned" if on else "ready"
-    if node.state == wanted:
-        return f"{node.name} is already {'cordoned' if on else 'uncordoned'}; nothing changed"
-    Node.update(state=wanted, drain_timeout=0).where(Node.id == node.id).execute()
-    was = f" (it was {node.state})" if node.state not in ("ready", "cordoned") else ""
-    said = (f"cordoned by {who}{was}: no new replicas are placed here; those running stay"
-            if on else f"uncordoned by {who}{was}: new replicas may be placed here again")
-    log_event(node, said)
-    return f"{node.name} {said}"
-
-
-def drain(node, timeout, who="the CLI"):
-    """Start draining a node; return a sentence saying what happens next.
-
-    Each replica there gets a replacement on another node first; once that one serves, the
-    old one leaves routing, has up to `timeout` seconds for its requests, and is stopped.
-    """
-    if node.state == "drained":
-        return f"{node.name} is drained already; nothing runs there"
-    if node.state == "draining" and node.drain_timeout == timeout:
-        return f"{node.name} is already draining; nothing changed"
-    Node.update(state="draining", drain_timeout=timeout).where(Node.id == node.id).execute()
-    count = Replica.select().where(Replica.node == node).count()
-    log_event(node, f"draining, asked by {who}: {count} replica(s) start elsewhere first; each "
-                    f"old one then gets up to {timeout} s for its requests before it is stopped")
-    return (f"{node.name} draining: its {count} replica(s) start on other nodes first, then leave "
-            f"with up to {timeout} s for their requests; `flask llmgw nodes` shows it become "
-            f"drained. A replica no other node can run stays and serves, and says why.")
 
 
 async def check_gpus(node, transport):

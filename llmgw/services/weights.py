@@ -9,7 +9,7 @@ from pathlib import Path
 from ..errors import InstallError, LlmgwError
 from ..facts import host as df
 from ..executors.release import download_checked, sha256_file
-from ..executors.ssh import LONG_FILE_SECONDS
+from ..executors.transport import LONG_FILE_SECONDS
 from ..plans.placement import slug
 
 

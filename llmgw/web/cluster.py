@@ -3,7 +3,7 @@ from flask import Blueprint, abort, current_app, flash, redirect, render_templat
 from flask_login import current_user
 
 from ..models import EngineInstall, LogRequest, Model, Node, NodeEvent, Replica, utcnow
-from ..services import cards, nodes
+from ..services import cards, lifecycle
 from ..services.model_views import replica_view
 from ..plans.launch import supervisor_for
 from ..plans.nodespec import parse_duration
@@ -96,14 +96,14 @@ def node_replicas(name):
 @bp.post("/nodes/<name>/cordon")
 @admin_required
 def cordon(name):
-    flash(nodes.cordon(_node(name), True, current_user.email))
+    flash(lifecycle.cordon(_node(name), True, current_user.email))
     return redirect(url_for("cluster.node_page", name=name))
 
 
 @bp.post("/nodes/<name>/uncordon")
 @admin_required
 def uncordon(name):
-    flash(nodes.cordon(_node(name), False, current_user.email))
+    flash(lifecycle.cordon(_node(name), False, current_user.email))
     return redirect(url_for("cluster.node_page", name=name))
 
 
@@ -117,7 +117,7 @@ def drain(name):
     except ValueError as e:
         flash(f"{node.name} was not drained: {e}")
     else:
-        flash(nodes.drain(node, seconds, current_user.email))
+        flash(lifecycle.drain(node, seconds, current_user.email))
     return redirect(url_for("cluster.node_page", name=name))
 
 
