@@ -98,7 +98,8 @@ def test_nodes_json_lists_each_card_with_its_claim(fleet, cli, tiny):
     assert cards[3]["healthy"] is False and cards[3]["uuid"].startswith("GPU-")
 
 
-def test_the_gateway_503_quotes_the_placement_verdict(fleet, cli, tiny, client):
+def test_the_gateway_503_says_placement_failed_and_the_model_page_says_why(fleet, cli, tiny, client,
+                                                                            auth):
     from llmgw.services import tenancy
     cli("model", "add", "huge", "--file", tiny, "--gpus", "8", "--gpu-class", "h100-80g")
     place_now(fleet)
@@ -107,9 +108,13 @@ def test_the_gateway_503_quotes_the_placement_verdict(fleet, cli, tiny, client):
     resp = client.post("/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
                        json={"model": "huge", "messages": [{"role": "user", "content": "hi"}]})
     assert resp.status_code == 503
+    # An API client learns that placement failed, not the cluster's nodes and cards.
     message = resp.get_json()["error"]["message"]
-    assert message.startswith("No ready replica of 'huge': placement: no node can run it (")
-    assert "gpu-a: 7 of 7 healthy h100-80g free, 8 needed" in message
+    assert message == ("No ready replica of 'huge': placement found no node that can run it. "
+                       "Administrators see why on the model's page.")
+    auth.login(password=auth.password)
+    page = client.get("/models/huge").get_data(as_text=True)
+    assert "gpu-a: 7 of 7 healthy h100-80g free, 8 needed" in page
     assert Model.get(Model.name == "huge").verdict["placed"] == 0
     assert Node.select().count() == 3
 

@@ -186,3 +186,25 @@ def test_a_stream_on_a_replica_restarting_for_new_settings_finishes_with_done(lo
     assert got["body"].rstrip().endswith("data: [DONE]")
     reconcile(env["conf"], lambda: len(ready()) == 1)
 
+
+
+def test_a_key_limited_to_one_model_sees_only_that_name_and_no_cluster_detail_in_errors(app, client):
+    from llmgw.models import Endpoint
+    for name in ("mine", "secret-model"):
+        Model.create(name=name, engine="llamacpp", source="/x.gguf", sha256="0" * 64, replicas=1)
+    Endpoint.create(name="ep-on-node-7", url="http://10.9.9.9:1/v1", models=["mine"], state="failed",
+                    detail="engine log: loading /srv/secret/weights.gguf failed")
+    _, key = tenancy.create_key("default", models=["mine"])
+    headers = {"Authorization": f"Bearer {key}"}
+
+    def message(model):
+        resp = client.post("/v1/chat/completions", headers=headers, json={"model": model, "messages": []})
+        return resp.status_code, resp.get_json()["error"]["message"]
+    said = [message("nope"), message("secret-model"), message("mine")]
+    assert [code for code, _ in said] == [404, 403, 503]
+    assert "models this key may use: mine)" in said[0][1]
+    for _, text in said:
+        assert "secret-model" not in text or text.startswith("This API key may not use the model 'secret-model'")
+        assert "ep-on-node-7" not in text and "/srv/secret" not in text and "10.9.9.9" not in text
+    assert said[2][1] == ("No ready replica of 'mine': an external endpoint failed. Administrators see "
+                          "why on the model's page.")

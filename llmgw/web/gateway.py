@@ -4,6 +4,7 @@ The request path touches the database at most through two small in-memory
 caches (keys and routes) refreshed every few seconds, and never SSH: engines
 are reached over HTTP at the endpoints the reconciler recorded.
 """
+import collections
 import functools
 
 from flask import Blueprint, current_app, jsonify, request
@@ -106,11 +107,12 @@ def relay(path):
     wrong = request_check.problems(path, body)
     if wrong:
         return error(400, wrong[0], "invalid_request_error", param=wrong[1])
-    if model not in routes.models:
-        names = ", ".join(sorted(routes.models)) or "none"
-        return error(404, f"The model '{model}' does not exist (models: {names}).",
-                     "invalid_request_error", "model_not_found", "model")
     key = request.llmgw_key
+    if model not in routes.models:
+        # Only what this key may use: the others are none of its business.
+        names = ", ".join(n for n in sorted(routes.models) if quota.allowed(key, n)) or "none"
+        return error(404, f"The model '{model}' does not exist (models this key may use: {names}).",
+                     "invalid_request_error", "model_not_found", "model")
     if not quota.allowed(key, model):
         return error(403, f"This API key may not use the model '{model}' (it may use: "
                           f"{', '.join(key.models)}).", "invalid_request_error", "model_not_allowed",
@@ -123,9 +125,12 @@ def relay(path):
         routes.refresh(FRESH_BEFORE_503_SECONDS)
         served, endpoints = routes.serve_with(model, allowed, session)
     if not endpoints:
-        why = "; ".join(routes.models[model]["why"]) or "no replica has been placed yet"
-        return error(503, f"No ready replica of '{model}': {why}.", "server_error",
-                     "no_ready_replica", headers={"Retry-After": "5"})
+        states = collections.Counter(routes.models[model]["not_ready"])
+        why = ", ".join(f"{n} × {what}" if n > 1 else what for what, n in states.items()) \
+            or "no replica has been placed yet"
+        return error(503, f"No ready replica of '{model}': {why}. Administrators see why on the "
+                          f"model's page.", "server_error", "no_ready_replica",
+                     headers={"Retry-After": "5"})
     try:
         reservation = quota.reserve(key, served, body, current_app.config["LLMGW"],
                                     relay_mod.settlement().ledger, lookups=caches()[2])

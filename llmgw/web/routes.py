@@ -14,12 +14,16 @@ from ..plans.replica_state import ROUTED
 from .upstream_http import Upstreams
 
 
-def _placement_why(model):
-    """Return the placement's verdict when replicas are missing: the 503 quotes it."""
+def _unplaced(model):
+    """Whether placement found no place for some of a model's replicas."""
     verdict = model.verdict or {}
-    if verdict and verdict.get("placed", 0) < verdict.get("wanted", 0):
-        return [f"placement: {verdict['summary']}"]
-    return []
+    return bool(verdict) and verdict.get("placed", 0) < verdict.get("wanted", 0)
+
+
+def _entry():
+    # "not_ready": why this model has no ready copy, in words an API client may read: states
+    # only, never a node's or endpoint's name or an engine's log lines (the pages show those).
+    return {"ready": [], "not_ready": [], "fallbacks": []}
 
 
 class Routes:
@@ -39,29 +43,32 @@ class Routes:
         self.models, self.auth, self.load = cached(self.read, self.reading, "routes", max_age, self._load)
 
     def _load(self):
-        models = {m.name: {"ready": [], "why": _placement_why(m), "fallbacks": m.fallbacks or []}
-                  for m in Model.select()}
+        models = {}
+        for m in Model.select():
+            entry = models[m.name] = _entry()
+            entry["fallbacks"] = m.fallbacks or []
+            if _unplaced(m):
+                entry["not_ready"].append("placement found no node that can run it")
         load = {}
         query = (Replica.select(Replica, Model, Node).join(Model).switch(Replica).join(Node))
         for r in query:
-            entry = models.setdefault(r.model.name, {"ready": [], "why": [], "fallbacks": []})
+            entry = models.setdefault(r.model.name, _entry())
             if r.state in ROUTED and r.endpoint:
                 entry["ready"].append(r.endpoint + "/v1")
                 load[r.endpoint + "/v1"] = r.load or 0
             else:
-                entry["why"].append(f"{r.name} on {r.node.name}: {r.state}"
-                                    + (f" ({r.detail})" if r.detail else ""))
+                entry["not_ready"].append(f"a replica {r.state}")
         auth = {}
         for ep in Endpoint.select():
             for name in ep.models or []:
-                entry = models.setdefault(name, {"ready": [], "why": [], "fallbacks": []})
+                entry = models.setdefault(name, _entry())
                 if ep.state == "ready":
                     entry["ready"].append(ep.url)
                     if ep.api_key:
                         auth[ep.url] = "Bearer " + secrets_box.unseal(
                             current_app.config["LLMGW"]["_root"], ep.api_key)
                 else:
-                    entry["why"].append(f"endpoint {ep.name}: {ep.state} ({ep.detail})")
+                    entry["not_ready"].append(f"an external endpoint {ep.state}")
         for entry in models.values():
             entry["ready"].sort()  # the same order in every worker, so sessions hash alike
         return models, auth, load
