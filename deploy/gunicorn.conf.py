@@ -1,7 +1,15 @@
 """gunicorn settings for llmgw's web server: gevent workers, so streams do not hold a worker each."""
-from llmgw import config as _config
+import sys as _sys
 
-_conf = _config.load()  # the same file (or LLMGW_ROOT) the app reads
+from llmgw import config as _config
+from llmgw.errors import ConfigError as _ConfigError
+
+try:
+    _conf = _config.load()  # the same file (or LLMGW_ROOT) the app reads
+except _ConfigError as _e:
+    # One line naming the value and the fix, not gunicorn's traceback of this file.
+    print(f"llmgw: {_e}", file=_sys.stderr)
+    raise SystemExit(2) from None
 bind = _conf["server"]["listen"]
 workers = _conf["server"]["workers"]
 worker_class = "gevent"

@@ -115,7 +115,8 @@ def load(root=None):
             raise ConfigError(f"{path} is not valid TOML: {e}. Fix the file or move it away and run "
                               f"`flask llmgw init` to write a new one.") from e
         _merge(conf, found, path)
-    _apply_env(conf)
+    from .config_schema import check
+    check(conf, DEFAULTS, path, _apply_env(conf))
     _check_sizes(conf, path)
     _fill_paths(conf, data_dir(root))
     conf["_path"] = str(path)
@@ -170,19 +171,26 @@ def _merge(conf, found, path):
 
 
 def _apply_env(conf):
-    """Apply LLMGW_<SECTION>_<KEY> overrides, converted to the default's type."""
+    """Apply LLMGW_<SECTION>_<KEY> overrides, converted to the default's type; return
+    {(section, key): variable} of those applied."""
+    applied = {}
     for section, values in conf.items():
         if section not in DEFAULTS:
             continue
         for key, default in values.items():
             name = f"LLMGW_{section}_{key}".upper()
             if name in os.environ:
-                values[key] = _convert(name, os.environ[name], default)
+                values[key] = _convert(name, os.environ[name], DEFAULTS[section][key])
+                applied[(section, key)] = name
+    return applied
 
 
 def _convert(name, raw, default):
     if isinstance(default, bool):
-        return raw.lower() in ("1", "true", "yes", "on")
+        word = raw.strip().lower()
+        if word not in ("1", "true", "yes", "on", "0", "false", "no", "off", ""):
+            raise ConfigError(f"{name}={raw!r} is not true or false; set it to e.g. true.")
+        return word in ("1", "true", "yes", "on")
     if isinstance(default, float):
         try:
             return float(raw)

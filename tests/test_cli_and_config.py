@@ -98,3 +98,47 @@ def test_a_web_worker_does_not_import_ssh_or_the_commands(tmp_path):
     listed = subprocess.run([sys.executable, "-m", "flask", "--app", "llmgw:create_app", "llmgw", "--help"],
                             cwd=TOP, env=env, capture_output=True, text=True, timeout=120)
     assert listed.returncode == 0 and "add-node" in listed.stdout and "drain" in listed.stdout, listed.stderr
+
+
+def _wrong(default):
+    """A TOML value of another type than the default's."""
+    if isinstance(default, bool):
+        return '"yes"'
+    if isinstance(default, (int, float)):
+        return '"5s"'
+    return "5"
+
+
+def test_every_config_key_with_a_wrong_type_is_refused_by_name_with_an_example(tmp_path):
+    import pytest
+    from llmgw import config
+    from llmgw.errors import ConfigError
+    for section, values in config.DEFAULTS.items():
+        for key, default in values.items():
+            (tmp_path / "server.toml").write_text(f"[{section}]\n{key} = {_wrong(default)}\n")
+            with pytest.raises(ConfigError) as refused:
+                config.load(str(tmp_path))
+            said = str(refused.value)
+            assert f"{section}.{key} = " in said and "for example" in said and "\n" not in said, said
+
+
+def test_out_of_range_and_malformed_settings_stop_every_entry_point_with_one_line(tmp_path):
+    import subprocess
+    import sys
+    from tests.conftest import TOP
+    env = {"PATH": "/usr/bin:/bin", "LLMGW_ROOT": str(tmp_path), "HOME": str(tmp_path)}
+    cases = {"[server]\nworkers = 0\n": "server.workers = 0 is not a whole number from 1 to 256",
+             "[reconciler]\nport_range = \"18000\"\n": 'reconciler.port_range = "18000" is not two ports',
+             "[server\nworkers = 2\n": "is not valid TOML"}
+    for text, expected in cases.items():
+        (tmp_path / "server.toml").write_text(text)
+        for argv in ([sys.executable, "-m", "flask", "--app", "llmgw:create_app", "llmgw", "nodes"],
+                     [sys.executable, "-m", "gunicorn", "-c", "deploy/gunicorn.conf.py", "wsgi:app"]):
+            out = subprocess.run(argv, cwd=TOP, env=env, capture_output=True, text=True, timeout=60)
+            lines = [line for line in (out.stdout + out.stderr).splitlines() if line.strip()]
+            assert out.returncode != 0 and len(lines) == 1 and expected in lines[0], (argv, lines)
+    (tmp_path / "server.toml").write_text("")
+    bad_env = dict(env, LLMGW_ENGINES_DOWNLOAD_ON_NODE="maybe")
+    out = subprocess.run([sys.executable, "-m", "flask", "--app", "llmgw:create_app", "llmgw", "nodes"],
+                         cwd=TOP, env=bad_env, capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "LLMGW_ENGINES_DOWNLOAD_ON_NODE='maybe' is not true or false" in out.stderr
