@@ -1,6 +1,7 @@
 """The peewee models. The schema itself is created and changed only by migrations/."""
 import datetime
 import json
+import secrets
 
 import peewee as pw
 
@@ -45,12 +46,19 @@ class Project(Base):
     created = pw.DateTimeField(default=utcnow)
 
 
+def new_session_token():
+    return secrets.token_urlsafe(16)
+
+
 class User(Base):
     email = pw.TextField(unique=True)
     password_hash = pw.TextField()
     is_admin = pw.BooleanField(default=False)
     is_active = pw.BooleanField(default=True)
     created = pw.DateTimeField(default=utcnow)
+    # Part of every login session's id: replaced at logout and password change, which ends
+    # every session made before (sessions live only in the signed cookie).
+    session_token = pw.TextField(default=new_session_token)
 
 
 class Membership(Base):

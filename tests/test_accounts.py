@@ -133,3 +133,50 @@ def _read_key(root, start, out):
         out.put(secrets_box._key(root))
     except Exception as e:
         out.put(repr(e).encode())
+
+
+def test_a_session_cookie_kept_from_before_logout_gets_the_login_page(app, client, auth):
+    auth.login(password=auth.password)
+    assert client.get("/").status_code == 200
+    kept = client.get_cookie("session").value  # what an attacker copied from the browser
+    client.post("/logout", data={"csrf_token": token_of(client, "/profile")})
+    replay = app.test_client()
+    replay.set_cookie("session", kept)
+    assert replay.get("/").status_code == 302 and "/login" in replay.get("/").headers["Location"]
+
+
+def test_a_password_change_ends_the_other_sessions_and_keeps_this_one(app, client, auth):
+    auth.login(password=auth.password)
+    other = app.test_client()
+    Auth(other).login(password=auth.password)
+    assert other.get("/").status_code == 200
+    form = {"current": auth.password, "new": "a-new-password", "again": "a-new-password",
+            "csrf_token": token_of(client, "/profile")}
+    assert client.post("/profile", data=form).status_code == 302
+    assert client.get("/").status_code == 200  # the browser that changed it stays logged in
+    assert other.get("/").status_code == 302  # the other one is sent to log in
+
+
+def test_a_session_id_without_a_token_is_not_a_login(app, client, auth):
+    auth.login(password=auth.password)
+    with client.session_transaction() as s:
+        s["_user_id"] = s["_user_id"].split(":")[0]  # as a cookie from before tokens has it
+    assert client.get("/").status_code == 302
+
+
+def test_csrf_tokens_change_at_login_and_are_refused_from_another_session_or_method(app, client, auth):
+    before = token_of(client, "/login")
+    auth.login(password=auth.password)
+    after = token_of(client, "/profile")
+    assert after != before
+    form = {"current": "x", "new": "y", "again": "y"}
+    # The token from before login is stale: the session's secret changed with it.
+    assert client.post("/profile", data=dict(form, csrf_token=before)).status_code == 400
+    stranger = app.test_client()
+    assert client.post("/profile", data=dict(form, csrf_token=token_of(stranger, "/login"))).status_code == 400
+    # Every unsafe method any page takes is checked (today only POST is taken: the others 405).
+    for rule in app.url_map.iter_rules():
+        for method in {"PUT", "PATCH", "DELETE"} & rule.methods:
+            assert client.open(rule.rule, method=method).status_code == 400, (rule.rule, method)
+    assert client.put("/profile").status_code == 405
+    assert client.post("/profile", headers={"X-CSRF-Token": after}, data=form).status_code == 400  # wrong password

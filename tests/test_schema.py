@@ -70,6 +70,6 @@ def test_null_json_columns_written_before_become_the_models_defaults(app):
     migrate.downgrade(db, 16)
     db.execute_sql("UPDATE node SET facts = NULL, addrs = NULL, labels = NULL, fabric_hcas = NULL")
     db.execute_sql("UPDATE model SET args = NULL")
-    assert migrate.upgrade(db) == ["0017_json_columns_not_null"]
+    assert migrate.upgrade(db)[0] == "0017_json_columns_not_null"
     node, model = Node.get(Node.name == "old"), Model.get(Model.name == "m")
     assert (node.facts, node.addrs, node.labels, node.fabric_hcas, model.args) == ({}, [], {}, [], [])

@@ -1,10 +1,11 @@
 """Web: one blueprint per noun. Pages render templates; HTMX asks for the partials."""
 import functools
-import secrets
+import hmac
 
-from flask import abort, request, session
+from flask import abort, request
 from flask.sessions import SecureCookieSessionInterface
 from flask_login import LoginManager, current_user, login_required
+from flask_wtf.csrf import CSRFError, CSRFProtect
 
 from ..models import User
 
@@ -14,25 +15,25 @@ login_manager.login_message = "Log in to see the cluster."
 
 
 @login_manager.user_loader
-def _load_user(user_id):
+def _load_user(session_id):
+    """The account of a session id "USER:TOKEN" while TOKEN is still the account's (logout and
+    a password change replace it); None otherwise, which sends the browser to the login page."""
     from .auth import LoginUser
+    user_id, _, token = str(session_id).partition(":")
+    if not user_id.isdigit() or not token:
+        return None  # a session from before tokens, or made up
     user = User.get_or_none(User.id == int(user_id))
-    return LoginUser(user) if user and user.is_active else None
+    if user is None or not user.is_active or not hmac.compare_digest(user.session_token, token):
+        return None
+    return LoginUser(user)
 
 
-def csrf_token():
-    """Return this session's CSRF token, creating it on first use."""
-    if "csrf" not in session:
-        session["csrf"] = secrets.token_urlsafe(24)
-    return session["csrf"]
+csrf = CSRFProtect()
 
 
-def _check_csrf():
-    if request.method != "POST" or request.blueprint in ("gateway", None):
-        return
-    sent = request.form.get("csrf_token") or request.headers.get("X-CSRF-Token")
-    if not sent or sent != session.get("csrf"):
-        abort(400, "The form's CSRF token is missing or stale; reload the page and try again.")
+def _csrf_refused(e):
+    return (f"The form's CSRF token is missing or stale ({e.description}); reload the page and "
+            "try again.", 400)
 
 
 def admin_required(view):
@@ -66,10 +67,16 @@ def register(app):
 
     login_manager.init_app(app)
     app.session_interface = NoSessionsForTheApi()
-    app.jinja_env.globals["csrf_token"] = csrf_token
+    # CSRF from Flask-WTF: every POST, PUT, PATCH and DELETE of the pages carries the token
+    # (a form field or the X-CSRF-Token header), compared in constant time; a request without
+    # one is refused. The token lives as long as the session (it changes at login), not an
+    # hour: an admin page left open must still submit. The API (keys, not cookies) is exempt.
+    app.config.setdefault("WTF_CSRF_TIME_LIMIT", None)
+    csrf.init_app(app)  # also the templates' csrf_token()
+    csrf.exempt(gateway.bp)
+    app.register_error_handler(CSRFError, _csrf_refused)
     from ..plans import money
     app.jinja_env.filters["money"] = money.show
-    app.before_request(_check_csrf)
     for module in (accounts, auth, cluster, gateway, health, mirror, models, quotas):
         app.register_blueprint(module.bp)
     gateway.json_errors(app)

@@ -1,11 +1,12 @@
 """Sign-up, one's own profile, and the administrators' page of accounts."""
 from flask import Blueprint, abort, current_app, flash, redirect, render_template, request, url_for
-from flask_login import current_user, login_required
+from flask_login import current_user, login_required, login_user
 
 from ..errors import LlmgwError
 from ..models import Project, User
 from ..services import tenancy
 from . import admin_required
+from .auth import LoginUser, end_sessions
 
 bp = Blueprint("accounts", __name__)
 
@@ -38,7 +39,10 @@ def profile():
         except LlmgwError as e:
             flash(f"Password not changed: {e}")
             return render_template("profile.html", user=user), 400
-        flash("Password changed.")
+        # Every other session of the account ends; this browser gets a new one.
+        end_sessions(user.id)
+        login_user(LoginUser(User.get_by_id(user.id)))
+        flash("Password changed; your other sessions have been logged out.")
         return redirect(url_for("accounts.profile"))
     return render_template("profile.html", user=user)
 

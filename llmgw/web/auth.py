@@ -1,11 +1,11 @@
 """Log in and out."""
 import urllib.parse
 
-from flask import Blueprint, flash, redirect, render_template, request, url_for
-from flask_login import UserMixin, login_required, login_user, logout_user
+from flask import Blueprint, flash, redirect, render_template, request, session, url_for
+from flask_login import UserMixin, current_user, login_required, login_user, logout_user
 
 from .. import security
-from ..models import User
+from ..models import User, new_session_token
 
 bp = Blueprint("auth", __name__)
 
@@ -16,6 +16,17 @@ class LoginUser(UserMixin):
         self.id = str(user.id)
         self.email = user.email
         self.is_admin = user.is_admin
+        self.session_token = user.session_token
+
+    def get_id(self):
+        # What the session cookie keeps: the account and its current session token, which
+        # logout and a password change replace (web.load_user compares them).
+        return f"{self.id}:{self.session_token}"
+
+
+def end_sessions(user_id):
+    """End every login session of an account: its session token is replaced."""
+    User.update(session_token=new_session_token()).where(User.id == int(user_id)).execute()
 
 
 def safe_next(target):
@@ -32,8 +43,10 @@ def login():
     if request.method == "POST":
         email = request.form.get("email", "").strip()
         user = User.get_or_none(User.email == email)
-        if user and user.is_active and security.check_password(user.password_hash,
-                                                               request.form.get("password", "")):
+        matched = security.check_password(user.password_hash if user else None,
+                                          request.form.get("password", ""))
+        if matched and user.is_active:
+            session.pop("csrf_token", None)  # a new CSRF token for the logged-in session
             login_user(LoginUser(user))
             return redirect(safe_next(request.args.get("next", "")) or url_for("cluster.index"))
         flash("That email and password do not match an active account.")
@@ -43,5 +56,7 @@ def login():
 @bp.post("/logout")
 @login_required
 def logout():
+    # Also every copy of this session's cookie, and the account's other sessions.
+    end_sessions(current_user.id)
     logout_user()
     return redirect(url_for("auth.login"))

@@ -7,16 +7,9 @@ from ..services import catalog, placing
 from ..services.model_views import model_view
 from . import admin_required
 
+from ..green import off_the_hub
+
 bp = Blueprint("models", __name__)
-
-
-def off_the_hub(fn):
-    """Run CPU-heavy pure work in gevent's thread pool under gevent workers (streams keep
-    flowing meanwhile), or right here anywhere else."""
-    from gevent import get_hub, monkey
-    if not monkey.is_module_patched("threading"):
-        return fn()
-    return get_hub().threadpool.apply(fn)
 
 
 @bp.get("/models/<path:name>")  # vLLM models are often named org/model
