@@ -41,6 +41,10 @@ def test_known_keys_are_served_and_what_needs_the_database_gets_a_503(local_sim,
         assert refused.status_code == 503 and refused.headers["Retry-After"] == "5"
         err = refused.get_json()["error"]
         assert err["code"] == "database_unavailable" and "cannot reach its database" in err["message"]
+        assert "no-such-dir" not in err["message"]  # the driver's words stay in the log
+        health = client.get("/health")
+        assert health.status_code == 503 and health.get_json() == {"status": "error",
+                                                                   "database": "not answering"}
         stranger = client.post("/v1/chat/completions", headers={"Authorization": f"Bearer {unseen}"},
                                json=BODY)
         assert stranger.status_code == 503  # a key no worker has seen cannot be checked

@@ -6,6 +6,7 @@ are reached over HTTP at the endpoints the reconciler recorded.
 """
 import collections
 import functools
+import logging
 
 from flask import Blueprint, current_app, jsonify, request
 from werkzeug.exceptions import HTTPException
@@ -20,6 +21,7 @@ from .routes import Routes
 bp = Blueprint("gateway", __name__, url_prefix="/v1")
 ENGINE_PATHS = {"chat/completions", "completions", "embeddings"}
 KEY_CACHE_SECONDS = 5
+log = logging.getLogger("llmgw.gateway")
 FRESH_BEFORE_503_SECONDS = 0.25
 
 
@@ -36,10 +38,12 @@ def json_errors(app):
     def _database_away(e):
         # What the workers know (keys, routes, limits' leased slices) keeps serving; what
         # needs the database fails closed.
+        # The driver's words (they may name the database's host) go to the log, not the client.
+        log.warning("a request needed the database, which does not answer: %s", e)
         if not request.path.startswith("/v1/"):
             return "The database cannot be reached; try again shortly.", 503
-        return error(503, f"The gateway cannot reach its database ({e}), and this request needs "
-                          f"it (a key or a limit it has not seen lately); try again shortly.",
+        return error(503, "The gateway cannot reach its database, and this request needs it (a "
+                          "key or a limit it has not seen lately); try again shortly.",
                      "server_error", "database_unavailable", headers={"Retry-After": "5"})
 
     @app.errorhandler(Exception)
