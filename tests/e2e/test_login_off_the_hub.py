@@ -1,18 +1,15 @@
 """A login's password hash runs in gevent's thread pool: the streams the same gunicorn worker
 relays meanwhile keep flowing (on the hub, every one of them would stop for the hash's whole
 CPU time)."""
-import os
 import re
-import subprocess
-import sys
 import threading
 import time
 
 import pytest
 import requests
 
-from tests.conftest import TOP, free_port, free_port_range
-from tests.e2e.conftest import cli, stop_served, wait_for
+from tests.conftest import free_port, free_port_range
+from tests.e2e.conftest import ControlPlane, cli, stop_served, tune, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -33,21 +30,20 @@ def test_a_login_during_fifty_streams_of_one_worker_does_not_stop_them(tmp_path)
     root = tmp_path / "root"
     port = free_port()
     cli(root, "demo", "--no-serve", "--listen", f"127.0.0.1:{port}")
-    text = (root / "server.toml").read_text()
     base = free_port_range(20)
-    text = text.replace("[server]", "[server]\nworkers = 1").replace(
-        "interval = 5", f"interval = 1\nport_range = \"{base}-{base + 20}\"")
-    (root / "server.toml").write_text(text)
+    text = (root / "server.toml").read_text()
+    (root / "server.toml").write_text(text.replace(
+        "interval = 5", f"interval = 1\nport_range = \"{base}-{base + 20}\""))
+    tune(root, "server", workers=1)
     cli(root, "model", "add", "paced", "--engine", "sim", "--arg=--token-delay", "--arg=0.05")
     key = cli(root, "keys", "create").stdout.strip()
     made = cli(root, "users", "create", "ops@example.com", "--admin").stdout
     password = re.search(r"password:? (\S+)", made).group(1)
-    env = {k: v for k, v in os.environ.items() if k != "LLMGW_ROOT"}
-    proc = subprocess.Popen([sys.executable, "-m", "flask", "--app", "llmgw:create_app", "llmgw", "serve",
-                             "--root", str(root)], cwd=TOP, env=env, start_new_session=True,
-                            stdout=open(root / "serve.log", "w"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    plane = ControlPlane(root, port)
+    url = plane.url
     try:
+        plane.start()
+
         def ready():
             try:
                 return requests.post(url + "/v1/chat/completions", timeout=5, headers={
@@ -89,4 +85,5 @@ def test_a_login_during_fifty_streams_of_one_worker_does_not_stop_them(tmp_path)
               f"over {len(gaps)} gaps")
         assert gaps and max(gaps) < cpu
     finally:
-        stop_served(proc, root)
+        if plane.proc is not None:
+            stop_served(plane.proc, root)  # the web server, and the engines its reconciler started
