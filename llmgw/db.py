@@ -22,14 +22,27 @@ def open_database(url):
         # back, instead of opening the file and setting its pragmas every time.
         # check_same_thread off: the pool hands a connection to one thread at a time, but not
         # always to the thread that opened it (the settlement thread returns them too).
-        return PooledSqliteDatabase(path, max_connections=None, stale_timeout=600,
-                                    check_same_thread=False, pragmas={
+        return _Sqlite(path, max_connections=None, stale_timeout=600,
+                       check_same_thread=False, pragmas={
             "journal_mode": "wal", "busy_timeout": 10000, "foreign_keys": 1,
             "synchronous": "normal"})
     if parsed.scheme in ("postgres", "postgresql"):
         return _postgresql(url)
     raise ConfigError(f"database.url {url!r} is neither sqlite:///PATH nor postgresql://…; "
                       f"fix it in the config file.")
+
+
+class _Sqlite(PooledSqliteDatabase):
+    """SQLite whose transactions take the write lock when they begin (BEGIN IMMEDIATE).
+
+    A plain BEGIN starts as a reader. In WAL mode, when another connection commits a write
+    after that reader's first read, the reader's own first write fails at once with "database
+    is locked": the busy timeout does not apply, because waiting could not make its snapshot
+    current. `model set` failed that way while the settlement thread wrote usage. Taken up
+    front, the lock is waited for (busy_timeout) like any other write."""
+
+    def begin(self, lock_type=None):
+        super().begin(lock_type or "IMMEDIATE")
 
 
 def postgres_params(url):

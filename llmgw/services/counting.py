@@ -145,7 +145,6 @@ def connected():
 
 
 def transaction():
-    """A write transaction that takes its locks up front (SQLite) or row by row (PostgreSQL)."""
-    if isinstance(database.obj, peewee.SqliteDatabase):
-        return database.atomic("IMMEDIATE")
+    """A write transaction: it takes its lock up front on SQLite (see db._Sqlite) and row by row
+    on PostgreSQL."""
     return database.atomic()
