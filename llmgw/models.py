@@ -248,6 +248,9 @@ class Replica(Base):
     memory_mb = pw.IntegerField(default=0)
     # While its weights are copied: {done, total, sent, resumed_from, rate, eta} (bytes, B/s, s).
     progress = JSONField(null=True)
+    # The API key its engine was last started with, sealed with secrets_box; the gateway and
+    # the probes send it. "": started before engines had keys.
+    engine_key = pw.TextField(default="")
 
     @property
     def unit(self):

@@ -114,7 +114,7 @@ class Reconciler:
                 self._spawn(("http-health", node.id), self._http_health(node))
 
     async def _http_health(self, node):
-        if await check_over_http(list(node.replicas)):
+        if await check_over_http(list(node.replicas), self.conf):
             self.lost.answered(node.id)
 
     async def _look_bounded(self, node):

@@ -130,7 +130,8 @@ def _read_key(root, start, out):
     from llmgw import secrets_box
     start.wait()
     try:
-        out.put(secrets_box._key(root))
+        secrets_box.ensure(root)
+        out.put(secrets_box.key_path(root).read_bytes())
     except Exception as e:
         out.put(repr(e).encode())
 

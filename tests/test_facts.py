@@ -47,3 +47,36 @@ def test_a_port_counts_as_taken_when_anything_but_time_wait_holds_it():
 """
     # 18000 listens; 40000 is the source port of a connection; 40001 only lingers in TIME_WAIT.
     assert ports.parse_taken(text) == {18000, 40000}
+
+
+def test_interface_addresses_come_ipv4_first_and_vlans_by_their_own_name():
+    lines = ["2: eth0    inet6 fd00::2/64 scope global nodad \\       valid_lft forever",
+             "2: eth0    inet 192.0.2.2/24 brd 192.0.2.255 scope global eth0\\       valid_lft forever",
+             "5: eth0.10@eth0    inet 10.10.0.7/16 brd 10.10.255.255 scope global eth0.10",
+             "garbage"]
+    assert host.parse_addresses(lines) == {"eth0": ["192.0.2.2", "fd00::2"], "eth0.10": ["10.10.0.7"]}
+
+
+def test_an_engine_listens_on_the_management_address_when_there_is_one():
+    from types import SimpleNamespace
+
+    from llmgw.errors import LlmgwError
+    from llmgw.services.replicas import endpoint_of
+    from llmgw.services.serving import listen_host
+
+    def node(iface, addresses, transport="ssh"):
+        return SimpleNamespace(name="gpu-1", addr="203.0.113.9", transport=transport,
+                               mgmt_interface=iface, facts={"addresses": addresses})
+
+    on_mgmt = node("eth1", {"eth0": ["203.0.113.9"], "eth1": ["10.0.0.5", "fd00::5"]})
+    assert listen_host(on_mgmt) == "10.0.0.5" and endpoint_of(on_mgmt, 18001) == "http://10.0.0.5:18001"
+    plain = node("", {"eth0": ["203.0.113.9"]})
+    assert listen_host(plain) == "0.0.0.0" and endpoint_of(plain, 18001) == "http://203.0.113.9:18001"
+    v6 = node("eth1", {"eth1": ["fd00::5"]})
+    assert listen_host(v6) == "fd00::5" and endpoint_of(v6, 18001) == "http://[fd00::5]:18001"
+    assert listen_host(node("eth1", {}, transport="local")) == "127.0.0.1"
+    missing = node("eth9", {"eth0": ["203.0.113.9"]})
+    with pytest.raises(LlmgwError, match=r"management interface 'eth9' has no address \(interfaces "
+                                         r"with one: eth0 \(203.0.113.9\)\); run add-node gpu-1 again"):
+        listen_host(missing)
+    assert endpoint_of(missing, 18001) == "http://203.0.113.9:18001"  # a running engine stays reachable

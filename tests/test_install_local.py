@@ -57,7 +57,8 @@ def test_an_archive_escaping_its_directory_is_refused_before_it_reaches_the_node
 def test_a_broken_install_is_found_by_the_next_verification_and_repaired(node, tmp_path):
     with FakeGitHub() as gh:
         gh.add_release("b10991", {ASSET: executable_tarball()})
-        assert install(node, gh, tmp_path).state == "ready"
+        first = install(node, gh, tmp_path)
+        assert first.state == "ready", first.detail
         binary = tmp_path / "node/engines/llamacpp/b10991-cpu/build/bin/llama-server"
         binary.unlink()
         row = install(node, gh, tmp_path)

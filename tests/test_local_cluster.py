@@ -1,12 +1,15 @@
 """The whole path on one machine without root: a local node, the simulated engine, the gateway."""
 import asyncio
 import json
+import time
 
 import pytest
 
-from llmgw.models import LogRequest, Model, Replica
+from llmgw.models import EngineInstall, LogRequest, Model, NodeEvent, Replica
+from llmgw.plans import launch
 from llmgw.services import tenancy
-from llmgw.services.replicas import running_units
+from llmgw.services.replicas import engine_key, running_units
+from llmgw.services.serving import serve_of
 from llmgw.executors.transport import LocalTransport
 from llmgw.reconciler import Reconciler
 from tests.conftest import reconcile
@@ -82,14 +85,84 @@ def test_a_changed_model_restarts_its_replica_with_the_new_settings(cluster):
     conf, node = cluster["conf"], cluster["node"]
     reconcile(conf, lambda: len(ready()) == 1)
     pid = (node_dir(node) / "run" / "llmgw-demo-0.pid").read_text().strip()
+    old_key = engine_key(conf, Replica.get())
     Model.update(args=["--token-delay", "0.01"]).where(Model.name == "demo").execute()
     reconcile(conf, lambda: Replica.get().state == "restarting")  # out of routing first
     reconcile(conf, lambda: Replica.get().state == "pending")
     assert Replica.get().detail == "restarting to apply the model's new settings; its requests done"
     reconcile(conf, lambda: len(ready()) == 1)
     assert (node_dir(node) / "run" / "llmgw-demo-0.pid").read_text().strip() != pid
+    # A new engine, a new key: the old one opens nothing any more.
+    assert engine_key(conf, Replica.get()) != old_key
+    assert _chat(Replica.get().endpoint, {"Authorization": f"Bearer {old_key}"}).status_code == 401
     units = asyncio.run(running_units(LocalTransport(), "setsid", node.base_dir))
     assert units == {"demo-0"}
+
+
+def _chat(endpoint, headers):
+    import requests
+    return requests.post(endpoint + "/v1/chat/completions", headers=headers, timeout=10, json={
+        "model": "demo", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
+
+
+def test_an_engine_answers_only_with_its_own_key_which_is_kept_sealed(cluster, client):
+    import requests
+    conf, node = cluster["conf"], cluster["node"]
+    reconcile(conf, lambda: len(ready()) == 1)
+    row = Replica.get()
+    key = engine_key(conf, row)
+    assert key.startswith("sk-engine-") and len(key) > 40 and key not in row.engine_key
+    assert _chat(row.endpoint, {}).status_code == 401
+    assert _chat(row.endpoint, {"Authorization": "Bearer sk-engine-guess"}).status_code == 401
+    assert requests.get(row.endpoint + "/metrics", timeout=10).status_code == 401
+    assert requests.get(row.endpoint + "/health", timeout=10).status_code == 200  # says only "up"
+    assert _chat(row.endpoint, engine_headers(conf, row)).status_code == 200
+    # The gateway sends it: a client with an llmgw key never sees it.
+    through = client.post("/v1/chat/completions", headers=cluster["headers"], json={
+        "model": "demo", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
+    assert through.status_code == 200, through.get_json()
+    # On the node: a file only its owner reads, named on the command line; the key itself is not.
+    key_file = node_dir(node) / "run" / "llmgw-demo-0.key"
+    assert key_file.read_text() == key and (key_file.stat().st_mode & 0o777) == 0o600
+    pid = (node_dir(node) / "run" / "llmgw-demo-0.pid").read_text().strip()
+    argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+    assert str(key_file).encode() in argv and not any(key.encode() in a for a in argv)
+    # Scaled away, its key file goes with it.
+    Model.update(replicas=0).where(Model.name == "demo").execute()
+    reconcile(conf, lambda: not Replica.select().exists())
+    assert not key_file.exists()
+
+
+def test_an_engine_started_before_engines_had_keys_is_restarted_with_one(cluster):
+    conf = cluster["conf"]
+    reconcile(conf, lambda: len(ready()) == 1)
+    # As the version before engine keys left it: running without a key, none in its row.
+    Replica.update(engine_key="").execute()
+    row, node = Replica.get(), cluster["node"]
+    serve = serve_of(node, row, row.model, EngineInstall.get(node=node, engine="sim"), "")
+    t = LocalTransport()
+    asyncio.run(t.run(launch.stop_argv("setsid", row.unit, node.base_dir)))
+    asyncio.run(t.check(launch.start_argv("setsid", row.unit, launch.engine_argv(serve), node.base_dir)))
+    for _ in range(300):  # the engine is up in well under a second; 30 s if the machine crawls
+        if _answers(row.endpoint):
+            break
+        time.sleep(0.1)
+    assert _chat(row.endpoint, {}).status_code == 200  # anyone who reaches its port
+    reconcile(conf, lambda: Replica.get().state == "restarting")
+    assert Replica.get().detail == ("out of routing to restart with an API key of its own once its "
+                                    "requests are done")
+    reconcile(conf, lambda: len(ready()) == 1 and Replica.get().engine_key)
+    assert NodeEvent.select().where(NodeEvent.text.startswith(
+        "stopped demo-0 to give its engine an API key; its requests done")).exists()
+    assert _chat(Replica.get().endpoint, {}).status_code == 401
+
+
+def _answers(endpoint):
+    import requests
+    try:
+        return requests.get(endpoint + "/health", timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
 
 
 def node_dir(node):
@@ -137,21 +210,25 @@ def test_the_node_s_history_records_installs_and_replicas_coming_and_going(clust
     assert said[-1] == "stopped demo-0 (the model has fewer replicas); its requests done"
 
 
-def stream_from(replica):
+def stream_from(conf, replica):
     """Start reading a 50-token stream (5 s at the engine's 0.1 s) straight from one replica's
     engine in a thread; return the thread and the dict its whole body lands in."""
-    return stream_in_thread(replica.endpoint, "demo", 50, timeout=30)
+    return stream_in_thread(replica.endpoint, "demo", 50, engine_headers(conf, replica), timeout=30)
 
 
-def stream_in_thread(endpoint, model, max_tokens, timeout=60):
-    """Read a stream of max_tokens straight from an engine in a thread; return the thread and
-    the dict its whole body lands in."""
+def engine_headers(conf, replica):
+    return {"Authorization": "Bearer " + engine_key(conf, replica)}
+
+
+def stream_in_thread(endpoint, model, max_tokens, headers, timeout=60):
+    """Read a stream of max_tokens straight from an engine (headers: its key) in a thread;
+    return the thread and the dict its whole body lands in."""
     import threading
     import requests
     got = {}
 
     def stream():
-        with requests.post(endpoint + "/v1/chat/completions", stream=True, timeout=timeout,
+        with requests.post(endpoint + "/v1/chat/completions", stream=True, timeout=timeout, headers=headers,
                            json={"model": model, "stream": True, "max_tokens": max_tokens,
                                  "messages": [{"role": "user", "content": "go"}]}) as resp:
             got["body"] = resp.content.decode()
@@ -166,7 +243,7 @@ def test_a_stream_on_a_replica_scaled_away_finishes_with_done(local_sim):
     env = local_sim("0.1")
     Model.update(replicas=2).where(Model.name == "demo").execute()
     reconcile(env["conf"], lambda: len(ready()) == 2)
-    reader, got = stream_from(Replica.get(Replica.name == "demo-1"))
+    reader, got = stream_from(env["conf"], Replica.get(Replica.name == "demo-1"))
     Model.update(replicas=1).where(Model.name == "demo").execute()
     reconcile(env["conf"], lambda: not Replica.select().where(Replica.name == "demo-1").exists(),
               timeout=60)
@@ -179,7 +256,7 @@ def test_a_stream_on_a_replica_scaled_away_finishes_with_done(local_sim):
 def test_a_stream_on_a_replica_restarting_for_new_settings_finishes_with_done(local_sim):
     env = local_sim("0.1")
     reconcile(env["conf"], lambda: len(ready()) == 1)
-    reader, got = stream_from(Replica.get())
+    reader, got = stream_from(env["conf"], Replica.get())
     Model.update(args=["--token-delay", "0.01"]).where(Model.name == "demo").execute()
     reconcile(env["conf"], lambda: Replica.get().state == "pending", timeout=60)
     reader.join(30)

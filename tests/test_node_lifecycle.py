@@ -17,7 +17,7 @@ from llmgw.plans import launch
 from llmgw.services import nodes
 from llmgw.services.replicas import running_units
 from tests.conftest import free_port, reconcile
-from tests.test_local_cluster import stream_from
+from tests.test_local_cluster import engine_headers, stream_from
 from tests.test_model_catalog import cli  # noqa: F401  (fixture)
 
 
@@ -52,7 +52,7 @@ def test_a_drain_starts_the_replacement_first_and_lets_the_old_stream_finish(loc
     conf, a = env["conf"], env["node"]
     reconcile(conf, lambda: rows() == {"demo-0": ("local", "ready")})
     b = second_node()
-    reader, got = stream_from(Replica.get(Replica.name == "demo-0"))  # 5 s on the old engine
+    reader, got = stream_from(conf, Replica.get(Replica.name == "demo-0"))  # 5 s on the old engine
     out = cli("drain", "local", "--timeout", "60s")
     assert out.exit_code == 0 and "local draining: its 1 replica(s) start on other nodes first" in out.output
     # The replacement is placed (once local-b has the engine) while the old engine serves on.
@@ -90,7 +90,7 @@ def test_draining_the_last_node_that_can_run_a_model_keeps_it_serving_and_says_w
     assert (row.name, row.state) == ("demo-0", "draining")
     assert row.detail.startswith("draining: local is being drained, but no other node can run it "
                                  "yet; serving until one can (no node can run it (local: being drained")
-    resp = requests.post(row.endpoint + "/v1/chat/completions", json={
+    resp = requests.post(row.endpoint + "/v1/chat/completions", headers=engine_headers(conf, row), json={
         "model": "demo", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}, timeout=10)
     assert resp.status_code == 200
     assert Node.get(Node.name == "local").state == "draining"

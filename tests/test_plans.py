@@ -210,3 +210,38 @@ def test_vllm_and_sglang_take_their_parallel_size_and_memory_share_from_the_clai
     assert sg[:5] == ["/opt/bin/x", "-m", "sglang.launch_server", "--model-path", "/srv/m"]
     assert sg[sg.index("--tp") + 1] == "1" and sg[sg.index("--mem-fraction-static") + 1] == "0.43"
     assert sg[sg.index("--port") + 1] == "18001"
+
+
+def test_each_engine_reads_its_api_key_from_the_file_and_no_argv_we_send_holds_it(tmp_path):
+    import subprocess
+    key_file = tmp_path / "llmgw-qwen-0.key"
+    key_file.write_text("sk-engine-s3cret\n")
+    show = tmp_path / "engine"  # stands in for each engine: prints what it was given
+    show.write_text('#!/bin/sh\nprintf "%s\\n" "$@"; echo "VLLM_API_KEY=$VLLM_API_KEY"\n')
+    show.chmod(0o755)
+    for engine in ("llamacpp", "sim", "vllm", "sglang"):
+        argv = serve(engine, key_file=str(key_file))
+        assert not any("s3cret" in a for a in argv), (engine, argv)
+        if engine == "sim":
+            assert argv[-2:] == ["--api-key-file", str(key_file)]
+            continue
+        argv = [str(show) if a == "/opt/bin/x" else a for a in argv]
+        got = subprocess.run(argv, capture_output=True, text=True, check=True).stdout.splitlines()
+        if engine == "llamacpp":
+            assert got[-3:-1] == ["--api-key-file", str(key_file)] and got[-1] == "VLLM_API_KEY="
+        elif engine == "vllm":
+            assert "--api-key" not in got and got[-1] == "VLLM_API_KEY=sk-engine-s3cret"
+        else:  # SGLang takes it on its command line only: the shell on the node puts it there
+            assert got[-3:-1] == ["--api-key", "sk-engine-s3cret"]
+    assert "--api-key-file" not in serve("llamacpp")  # a replica started without a key
+
+
+def test_stopping_an_engine_removes_its_key_file(tmp_path):
+    import subprocess
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "llmgw-qwen-0.key").write_text("k")
+    subprocess.run(launch.stop_argv("setsid", "llmgw-qwen-0", str(tmp_path)), check=True)
+    assert not (run / "llmgw-qwen-0.key").exists()
+    argv = launch.stop_argv("systemd", "llmgw-qwen-0", "/opt/llmgw")
+    assert argv[-1] == "/opt/llmgw/run/llmgw-qwen-0.key" and 'rm -f "$1"' in argv[2]

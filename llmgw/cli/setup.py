@@ -11,7 +11,7 @@ import click
 import requests
 from flask import current_app
 
-from .. import TOP, config, migrate, reconfigure
+from .. import TOP, config, migrate, reconfigure, secrets_box
 from ..executors import ssh
 from ..models import database
 from ..services import tenancy
@@ -46,6 +46,8 @@ def init_steps(admin, listen, llamacpp=config.DEFAULT_LLAMACPP):
         key.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         ssh.generate_identity(key)
         step("ssh identity", f"made {key} ({ssh.fingerprint(ssh.public_key_line(key))})")
+    made = secrets_box.ensure(root)
+    step("secrets key", f"{'made' if made else 'kept'} {secrets_box.key_path(root)}")
     ran = migrate.upgrade(database.obj)
     step("database", f"migrated ({', '.join(ran)})" if ran else "kept (schema up to date)")
     _, created = tenancy.ensure_default_project()

@@ -132,6 +132,20 @@ def parse_weights(lines):
     return out
 
 
+def parse_addresses(lines):
+    """Return {interface: [address, …]} from `ip -o addr show` lines, IPv4 first.
+
+    A line reads '2: eth0    inet 10.0.0.5/24 brd 10.0.0.255 scope global eth0\\ …'."""
+    out = {}
+    for line in lines:
+        words = line.split()
+        if len(words) < 4 or words[2] not in ("inet", "inet6") or "/" not in words[3]:
+            continue
+        iface = words[1].split("@")[0]  # a VLAN shows as eth0.10@eth0
+        out.setdefault(iface, []).append((words[2] == "inet6", words[3].split("/")[0]))
+    return {iface: [a for _, a in sorted(addrs, key=lambda x: x[0])] for iface, addrs in out.items()}
+
+
 def parse_discovery(text):
     """Turn the discovery script's output into the node's facts dict."""
     s = split_sections(text)
@@ -151,6 +165,7 @@ def parse_discovery(text):
         "gpus": gpu.parse_gpus("\n".join(s.get("gpus", []))),
         "infiniband": parse_infiniband(s.get("infiniband", [])),
         "weights": parse_weights(s.get("weights", [])),
+        "addresses": parse_addresses(s.get("addresses", [])),
         "pid1": init[0] if init else "",
         "systemd": "systemd-running" in init and bool(init) and init[0] == "systemd",
         "uid": int((s.get("uid") or ["-1"])[0].strip() or -1),

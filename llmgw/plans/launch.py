@@ -22,9 +22,31 @@ class Serve:
     card_fraction: float = 0.0  # of each card's memory the engine may take; 0: the engine's own
     context: int = 0
     cuda: bool = False  # the engine build offloads to NVIDIA GPUs
+    key_file: str = ""  # the file on the node holding the engine's own API key; "": none
 
 
 def engine_argv(s):
+    """Return the argv one replica's engine is started with: its own flags, then its API key.
+
+    The key is read on the node from s.key_file (mode 0600), never written into an argv the
+    control plane sends or the unit's properties, which any local user can read with ps or
+    systemctl show. llama-server and the simulated engine read the file themselves; vLLM reads
+    VLLM_API_KEY, set from the file by a shell that then execs it. SGLang takes its key only as
+    --api-key, so the shell puts it there: its command line on the node shows the key to local
+    users of that node (docs/security.md says so).
+    """
+    argv = _engine_flags(s)
+    if not s.key_file:
+        return argv
+    if s.engine in ("sim", "llamacpp"):
+        return [*argv, "--api-key-file", s.key_file]
+    if s.engine == "vllm":
+        return ["sh", "-c", 'VLLM_API_KEY="$(cat "$0")" && export VLLM_API_KEY && exec "$@"',
+                s.key_file, *argv]
+    return ["sh", "-c", 'exec "$@" --api-key "$(cat "$0")"', s.key_file, *argv]
+
+
+def _engine_flags(s):
     """Return the engine's own argv for one replica, listening on host:port."""
     if s.engine == "sim":
         return ["python3", s.binary, "--model", s.model_name, "--host", s.host,
@@ -96,6 +118,19 @@ def run_dir(base_dir):
     return posixpath.join(base_dir, "run")
 
 
+def key_path(base_dir, unit):
+    return posixpath.join(run_dir(base_dir), f"{unit}.key")
+
+
+def key_write_argv(base_dir, unit):
+    """Return the argv that writes the API key given on stdin to the unit's key file, mode 0600.
+
+    Written whole and renamed into place: an engine restarted by its supervisor meanwhile reads
+    the old key or the new one, never half of one."""
+    return ["sh", "-c", 'umask 077 && mkdir -p "$(dirname "$0")" && cat > "$0.new" && mv -f "$0.new" "$0"',
+            key_path(base_dir, unit)]
+
+
 def log_path(base_dir, unit):
     return posixpath.join(base_dir, "logs", f"{unit}.log")
 
@@ -142,14 +177,15 @@ def list_argv(supervisor, base_dir):
 
 
 def stop_argv(supervisor, unit, base_dir):
-    """Return the argv that stops a unit and forgets it."""
+    """Return the argv that stops a unit and forgets it, its API key file included."""
+    key = key_path(base_dir, unit)
     if supervisor == "systemd":
-        return ["sh", "-c", 'systemctl stop "$0" 2>/dev/null; systemctl reset-failed "$0" 2>/dev/null; true',
-                f"{unit}.service"]
+        return ["sh", "-c", 'systemctl stop "$0" 2>/dev/null; systemctl reset-failed "$0" 2>/dev/null; '
+                            'rm -f "$1"; true', f"{unit}.service", key]
     pidfile = posixpath.join(run_dir(base_dir), f"{unit}.pid")
     script = ('p=$(cat "$0" 2>/dev/null); if [ -n "$p" ] && tr "\\0" "\\n" < /proc/"$p"/environ 2>/dev/null '
-              '| grep -qx "LLMGW_UNIT=$1"; then kill "$p"; fi; rm -f "$0"; true')
-    return ["sh", "-c", script, pidfile, unit]
+              '| grep -qx "LLMGW_UNIT=$1"; then kill "$p"; fi; rm -f "$0" "$2"; true')
+    return ["sh", "-c", script, pidfile, unit, key]
 
 
 def parse_units(text):

@@ -20,6 +20,7 @@ for p in /sys/class/infiniband/*/ports/*; do
   echo "$hca|$(basename "$p")|$(cat "$p/state" 2>/dev/null)|$(cat "$p/rate" 2>/dev/null)|$(cat "$p/link_layer" 2>/dev/null)"
 done
 echo "== weights"; find "$base/models" -maxdepth 1 -type f -name '*.gguf' -printf '%s %p\n' 2>/dev/null
+echo "== addresses"; ip -o addr show scope global 2>/dev/null
 echo "== init"; cat /proc/1/comm 2>/dev/null; test -d /run/systemd/system && echo systemd-running
 echo "== uid"; id -u
 echo "== tools"

@@ -7,6 +7,7 @@ Its replies are made-up words, produced at a steady pace, and say so.
 """
 import argparse
 import hashlib
+import hmac
 import json
 import select
 import socket
@@ -47,9 +48,24 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _refused(self):
+        """Answer 401 and return True when keys are set and the request carries none of them.
+
+        Like llama-server, /health answers anyone: it says nothing but "up"."""
+        if not self.server.keys or self.path == "/health":
+            return False
+        given = self.headers.get("Authorization", "")
+        if any(hmac.compare_digest(given.encode(), ("Bearer " + k).encode()) for k in self.server.keys):
+            return False
+        self._json(401, {"error": {"message": "Invalid API Key", "type": "authentication_error",
+                                   "code": 401}})
+        return True
+
     def do_GET(self):
         if self.path == "/health":
             return self._json(200, {"status": "ok"})
+        if self._refused():
+            return None
         if self.path == "/metrics":
             # llama-server's names for the requests being worked on and those waiting, so the
             # reconciler can tell when a replica it is stopping has finished its work.
@@ -71,6 +87,8 @@ class Handler(BaseHTTPRequestHandler):
             body = json.loads(self.rfile.read(length) or b"{}")
         except ValueError:
             return self._json(400, {"error": {"message": "body is not JSON", "type": "invalid_request_error"}})
+        if self._refused():
+            return None
         if self.path == "/v1/embeddings":
             return self._embeddings(body)
         if self.path not in ("/v1/chat/completions", "/v1/completions"):
@@ -192,6 +210,9 @@ def main(argv=None):
     p.add_argument("--count", choices=("words", "chars"), default="words",
                    help="how prompt tokens are counted: one a word, or one a character (what a "
                         "tokenizer does with CJK or emoji)")
+    p.add_argument("--api-key-file", default="",
+                   help="a file of API keys, one a line ('#' starts a comment): every request but "
+                        "/health must carry one as 'Authorization: Bearer KEY'")
     p.add_argument("--version", action="store_true")
     args = p.parse_args(argv)
     if args.version:
@@ -206,6 +227,10 @@ def main(argv=None):
     server.count = (lambda text: len(text) + 1) if args.count == "chars" else \
         (lambda text: len(text.split()) + 1)
     server.busy, server.lock = 0, threading.Lock()
+    server.keys = []
+    if args.api_key_file:
+        with open(args.api_key_file) as f:
+            server.keys = [line.strip() for line in f if line.strip() and not line.startswith("#")]
     print("sim: serving %s on %s:%d" % (args.model, args.host, args.port), flush=True)
     server.serve_forever()
     return 0

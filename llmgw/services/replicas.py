@@ -3,11 +3,13 @@ import asyncio
 import hashlib
 import json
 import logging
+import secrets
 import time
 
 import peewee as pw
 import requests
 
+from .. import secrets_box
 from ..errors import LlmgwError, NodeError
 from ..facts import metrics, ports
 from ..models import EngineInstall, Node, NodeEvent, Replica, utcnow
@@ -16,27 +18,39 @@ from ..plans.placement import free_port
 from ..plans.replica_state import LEAVING, next_step, retry_delay
 from . import logs, weights
 from .progress import Progress
-from .serving import serve_of
+from .serving import mgmt_address, serve_of
 
 log = logging.getLogger("llmgw.replicas")
 
 
 def endpoint_of(node, port):
-    host = node.addr if node.transport != "local" else "127.0.0.1"
+    """Return the URL the control plane reaches an engine on the node by: its management
+    address when it has one (the engine listens there only), else the node's address."""
+    host = "127.0.0.1" if node.transport == "local" else mgmt_address(node) or node.addr
     if ":" in host:
         host = f"[{host}]"
     return f"http://{host}:{port}"
 
 
-def healthy(endpoint, timeout=3, tries=2):
+def _auth(key):
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def engine_key(conf, replica):
+    """Return the API key the replica's engine was started with ("" for none)."""
+    return secrets_box.unseal(conf["_root"], replica.engine_key, f"replica {replica.name}")
+
+
+def healthy(endpoint, key="", timeout=3, tries=2):
     """Return whether an engine answers /health with 200 (run in a thread).
 
     A second try after a short pause: one probe lost in a burst of traffic must not take a
-    serving replica out of routing.
+    serving replica out of routing. The key goes along: llama-server answers /health to anyone,
+    but an engine may guard every path.
     """
     for attempt in range(tries):
         try:
-            if requests.get(endpoint + "/health", timeout=timeout).status_code == 200:
+            if requests.get(endpoint + "/health", headers=_auth(key), timeout=timeout).status_code == 200:
                 return True
         except requests.RequestException:
             pass
@@ -45,10 +59,10 @@ def healthy(endpoint, timeout=3, tries=2):
     return False
 
 
-def engine_load(endpoint, timeout=2):
+def engine_load(endpoint, key="", timeout=2):
     """Return running + queued requests from the engine's /metrics, or None (run in a thread)."""
     try:
-        resp = requests.get(endpoint + "/metrics", timeout=timeout)
+        resp = requests.get(endpoint + "/metrics", headers=_auth(key), timeout=timeout)
     except requests.RequestException:
         return None
     return metrics.parse_load(resp.text) if resp.status_code == 200 else None
@@ -66,7 +80,7 @@ async def running_units(transport, supervisor, base_dir):
     return {name for name, state in units.items() if state == "active"}
 
 
-async def check_over_http(rows):
+async def check_over_http(rows, conf):
     """Health-check replicas of a node SSH cannot reach: engines may well still serve.
 
     Returns whether any engine there answered: a node whose engines answer is not lost.
@@ -74,7 +88,7 @@ async def check_over_http(rows):
     answered = False
     for r in rows:
         if r.state in ("ready", "unhealthy", "draining") and r.endpoint:
-            ok = await asyncio.to_thread(healthy, r.endpoint)
+            ok = await asyncio.to_thread(healthy, r.endpoint, engine_key(conf, r))
             answered = answered or ok
             if ok and r.state == "unhealthy":
                 _set(r, "ready", f"serving on {r.endpoint} (its node is unreachable over SSH)")
@@ -124,6 +138,10 @@ def _set(replica, state, detail="", **fields):
             NodeEvent.create(node=replica.node_id, text=f"{replica.name} {state}: {detail}")
     return bool(written)
 
+
+# Why a replica leaves routing to restart, in its detail while it is 'restarting'.
+RESTART_FOR = {"settings": "to restart on the model's new settings",
+               "key": "to restart with an API key of its own"}
 
 # The replica states a node's history records when a replica enters them.
 LOGGED_STATES = ("starting", "ready", "unhealthy", "failed")
@@ -223,9 +241,9 @@ class NodeReplicas:
         ok = False
         if is_running:
             replica.endpoint = endpoint_of(self.node, replica.port)
-            ok = await asyncio.to_thread(healthy, replica.endpoint)
+            ok = await asyncio.to_thread(healthy, replica.endpoint, engine_key(self.conf, replica))
         if ok:
-            load = await asyncio.to_thread(engine_load, replica.endpoint)
+            load = await asyncio.to_thread(engine_load, replica.endpoint, engine_key(self.conf, replica))
             if load != replica.load:
                 replica.load = load
                 replica.save(only=[Replica.load])
@@ -265,7 +283,8 @@ class NodeReplicas:
             _set(replica, "stopping", f"leaving: {successor.name} on {successor.node.name} serves in "
                                       f"its place; stopped once its requests are done")
             return
-        if not is_running or not await asyncio.to_thread(healthy, replica.endpoint):
+        if not is_running or not await asyncio.to_thread(healthy, replica.endpoint,
+                                                         engine_key(self.conf, replica)):
             # Out of routing at once; it is not restarted here, its replacement is coming.
             _set(replica, "stopping", "leaving: its engine stopped serving while it was draining")
 
@@ -280,9 +299,10 @@ class NodeReplicas:
         if why is None:
             return
         if replica.state == "restarting":
-            if _set(replica, "pending", f"restarting to apply the model's new settings; {why}"):
-                NodeEvent.create(node=self.node, text=f"stopped {replica.name} to restart it on "
-                                                      f"its model's new settings; {why}")
+            keyless = RESTART_FOR["key"] in replica.detail
+            purpose = "to give its engine an API key" if keyless else "to apply the model's new settings"
+            if _set(replica, "pending", f"restarting {purpose}; {why}"):
+                NodeEvent.create(node=self.node, text=f"stopped {replica.name} {purpose}; {why}")
             return
         gone = Replica.delete().where(_still_there(replica) & (Replica.state == "stopping")).execute()
         if gone:
@@ -300,7 +320,8 @@ class NodeReplicas:
         age = _age(replica)
         if age < settle:
             return None
-        load = await asyncio.to_thread(engine_load, replica.endpoint) if replica.endpoint else None
+        load = await asyncio.to_thread(engine_load, replica.endpoint, engine_key(self.conf, replica)) \
+            if replica.endpoint else None
         if age < grace and load != 0:
             return None  # serving requests still, or it cannot say: wait for the grace
         await self.stop(replica)
@@ -310,8 +331,14 @@ class NodeReplicas:
         """Take a replica started from an older model or engine out of routing to restart it,
         one of a model at a time; it is stopped once its requests are done."""
         install = EngineInstall.get_or_none(node=self.node, engine=replica.model.engine)
-        if not replica.spec or install is None or install.state != "ready" \
-                or replica.spec == spec_of(replica.model, install, replica):
+        if not replica.spec or install is None or install.state != "ready":
+            return False
+        if replica.spec != spec_of(replica.model, install, replica):
+            why = RESTART_FOR["settings"]
+        elif not replica.engine_key:
+            # Started before engines had keys: it answers anyone who reaches its port.
+            why = RESTART_FOR["key"]
+        else:
             return False
         lock = _model_locks.setdefault(replica.model_id, asyncio.Lock())
         async with lock:  # replicas on other nodes decide in turn, never all at once
@@ -320,8 +347,7 @@ class NodeReplicas:
                 Replica.state.in_(("pending", "fetching", "starting", "restarting"))).exists()
             if others_down:
                 return True  # wait until the one already restarting serves again
-            _set(replica, "restarting", "out of routing to restart on the model's new settings "
-                                        "once its requests are done")
+            _set(replica, "restarting", f"out of routing {why} once its requests are done")
         return True
 
     def _fail(self, replica, what, tail):
@@ -357,6 +383,7 @@ class NodeReplicas:
             return  # removed or moved while its file was copied: the next pass starts it where it is
         await self.t.run(launch.stop_argv(self.supervisor, replica.unit, self.node.base_dir))
         await self._take_free_port(replica)
+        await self._new_key(replica)
         serve = serve_of(self.node, replica, model, install, path)
         argv = launch.start_argv(self.supervisor, replica.unit, launch.engine_argv(serve),
                                  self.node.base_dir, launch.gpu_env(serve))
@@ -366,6 +393,17 @@ class NodeReplicas:
                                   f"waiting for /health",
              supervisor=self.supervisor, endpoint=endpoint_of(self.node, replica.port),
              spec=spec_of(model, install, replica), progress=None)
+
+    async def _new_key(self, replica):
+        """Give the engine about to start a key of its own: stored (sealed) first, so whoever
+        finds the engine running can reach it, then written to the node for the engine to read."""
+        key = "sk-engine-" + secrets.token_urlsafe(32)
+        sealed = secrets_box.seal(self.conf["_root"], key)
+        if not Replica.update(engine_key=sealed).where(_still_there(replica)).execute():
+            raise LlmgwError(f"{replica.name} was moved or removed while it was being started")
+        replica.engine_key = sealed
+        await self.t.check(launch.key_write_argv(self.node.base_dir, replica.unit), input=key,
+                           what=f"writing {replica.unit}'s API key")
 
     def _node_tools(self):
         """The node's download tools when it fetches URL models itself, else None."""

@@ -5,14 +5,42 @@ from ..plans import launch
 
 def serve_of(node, replica, model, install, path):
     """Return the launch.Serve one replica's engine is started with on its node."""
-    # The control plane reaches a local node on loopback; nothing else should.
-    host = "127.0.0.1" if node.transport == "local" else "0.0.0.0"
+    host = listen_host(node)
     return launch.Serve(
         engine=model.engine, binary=install.binary, model_path=path, model_name=model.name,
         port=replica.port, args=tuple(model.args or ()), host=host,
         cards=tuple(replica.gpu_uuids or ()), card_indexes=indexes_now(node, replica),
         context=model.context,
-        card_fraction=card_fraction(node, replica), cuda=install.variant.startswith("cuda"))
+        card_fraction=card_fraction(node, replica), cuda=install.variant.startswith("cuda"),
+        key_file=launch.key_path(node.base_dir, replica.unit) if replica.engine_key else "")
+
+
+def mgmt_address(node):
+    """Return the first address (IPv4 first) of the node's management interface as last
+    discovered, or None when it has none or none is configured."""
+    found = ((node.facts or {}).get("addresses") or {}).get(node.mgmt_interface or "") or []
+    return found[0] if found else None
+
+
+def listen_host(node):
+    """Return the address an engine on the node listens on.
+
+    A local node: loopback, the only way the control plane reaches it. A node with a
+    management interface: that interface's address, so the engine is not on the node's other
+    networks at all. Otherwise every address: the engine's own key keeps others out.
+    """
+    if node.transport == "local":
+        return "127.0.0.1"
+    if not node.mgmt_interface:
+        return "0.0.0.0"
+    address = mgmt_address(node)
+    if address is None:
+        have = ", ".join(f"{i} ({', '.join(a)})" for i, a in
+                         sorted(((node.facts or {}).get("addresses") or {}).items())) or "none found"
+        raise LlmgwError(f"{node.name}'s management interface {node.mgmt_interface!r} has no address "
+                         f"(interfaces with one: {have}); run add-node {node.name} again with the "
+                         f"right --mgmt-iface, or with --mgmt-iface '' to listen on every address")
+    return address
 
 
 def indexes_now(node, replica):

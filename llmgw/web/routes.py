@@ -3,6 +3,7 @@
 Read from the database every gateway.route_cache_seconds, never per request.
 """
 import itertools
+import logging
 
 from flask import current_app
 
@@ -12,6 +13,8 @@ from ..models import Endpoint, Model, Node, Replica
 from ..plans import routing
 from ..plans.replica_state import ROUTED
 from .upstream_http import Upstreams
+
+log = logging.getLogger("llmgw.routes")
 
 
 def _unplaced(model):
@@ -32,6 +35,7 @@ class Routes:
         self.reading = {}
         self.models = {}
         self.auth = {}
+        self.opened = {}  # sealed key -> its Authorization header: decrypted once, not each read
         self.load = {}
         self.inflight = {}
         self.turn = itertools.count()
@@ -49,29 +53,49 @@ class Routes:
             entry["fallbacks"] = m.fallbacks or []
             if _unplaced(m):
                 entry["not_ready"].append("placement found no node that can run it")
-        load = {}
+        load, auth = {}, {}
         query = (Replica.select(Replica, Model, Node).join(Model).switch(Replica).join(Node))
         for r in query:
             entry = models.setdefault(r.model.name, _entry())
-            if r.state in ROUTED and r.endpoint:
-                entry["ready"].append(r.endpoint + "/v1")
-                load[r.endpoint + "/v1"] = r.load or 0
+            url = r.endpoint + "/v1"
+            if r.state in ROUTED and r.endpoint and self._sign(auth, url, r.engine_key, f"replica {r.name}"):
+                entry["ready"].append(url)
+                load[url] = r.load or 0
+            elif r.state in ROUTED and r.endpoint:
+                entry["not_ready"].append("a replica whose engine key this control plane cannot read")
             else:
                 entry["not_ready"].append(f"a replica {r.state}")
-        auth = {}
         for ep in Endpoint.select():
             for name in ep.models or []:
                 entry = models.setdefault(name, _entry())
-                if ep.state == "ready":
+                if ep.state == "ready" and self._sign(auth, ep.url, ep.api_key, f"endpoint {ep.name}"):
                     entry["ready"].append(ep.url)
-                    if ep.api_key:
-                        auth[ep.url] = "Bearer " + secrets_box.unseal(
-                            current_app.config["LLMGW"]["_root"], ep.api_key)
+                elif ep.state == "ready":
+                    entry["not_ready"].append("an external endpoint whose key this control plane "
+                                              "cannot read")
                 else:
                     entry["not_ready"].append(f"an external endpoint {ep.state}")
         for entry in models.values():
             entry["ready"].sort()  # the same order in every worker, so sessions hash alike
+        used = set(auth.values())  # keys of engines since restarted are forgotten
+        self.opened = {k: v for k, v in self.opened.items() if v in used}
         return models, auth, load
+
+    def _sign(self, auth, url, sealed, what):
+        """Put the Authorization header for url into auth; return False when its sealed key
+        cannot be read here (it is logged, and the endpoint is left out of routing)."""
+        if not sealed:
+            return True
+        header = self.opened.get(sealed)
+        if header is None:
+            try:
+                header = "Bearer " + secrets_box.unseal(current_app.config["LLMGW"]["_root"], sealed, what)
+            except secrets_box.Unreadable as e:
+                log.error("%s", e)
+                return False
+            self.opened[sealed] = header
+        auth[url] = header
+        return True
 
     def serve_with(self, model, allowed, session=""):
         """Return (the model that will serve, its endpoints): this one, else its first fallback

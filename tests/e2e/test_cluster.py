@@ -9,11 +9,13 @@ import time
 
 import openai
 import pytest
+import requests
 
 from tests.conftest import free_port
 from tests.e2e.conftest import (BAD_VERSION, CACHE, VERSION, ControlPlane, cli, configure,
                                 need_test_nodes, nodes_json, operator_key, wait_for)
 from tests.harness import nodes as harness
+from tests.harness.engine_keys import engine_auth
 
 pytestmark = pytest.mark.e2e
 ASSET = f"llama-{VERSION}-bin-ubuntu-x64.tar.gz"
@@ -129,6 +131,34 @@ def test_the_official_client_gets_a_chat_completion_and_a_stream(cluster):
     # Each engine's own load (llama-server --metrics) is polled off the request path.
     loads = [r["load"] for n in nodes_json(cluster["root"]).values() for r in n["replicas"]]
     assert loads and all(isinstance(x, float) and x >= 0 for x in loads), loads
+
+
+def test_each_llama_server_answers_only_with_its_own_key_which_no_command_line_shows(cluster):
+    root = cluster["root"]
+    rows = [dict(r, node=name) for name, n in nodes_json(root).items() for r in n["replicas"]]
+    assert len(rows) == 3 and {r["node"] for r in rows} == {"sysd", "plain"}, rows
+    headers = []
+    for r in rows:
+        url, auth = r["endpoint"], engine_auth(root, r["endpoint"])
+        headers.append(auth)
+        for path in ("/metrics", "/v1/models"):  # what llama-server guards besides inference
+            assert requests.get(url + path, timeout=10).status_code == 401, (r, path)
+            assert requests.get(url + path, headers=auth, timeout=10).status_code == 200, (r, path)
+        completion = {"prompt": "hi", "max_tokens": 1}
+        refused = requests.post(url + "/v1/completions", json=completion, timeout=30)
+        assert refused.status_code == 401 and refused.json()["error"]["type"] == "authentication_error"
+        # The key is in a 0600 file on the node, named on the command line; the key is not.
+        node, unit = cluster[r["node"]], f"llmgw-{r['name']}"
+        key_file = f"/opt/llmgw/run/{unit}.key"
+        key = auth["Authorization"].removeprefix("Bearer ")
+        assert node.exec(["stat", "-c", "%a %U", key_file]).stdout.split() == ["600", "root"]
+        assert node.read_file(key_file).strip() == key
+        shown = node.exec(["ps", "-eo", "args"]).stdout
+        assert key_file in shown and key not in shown
+        if r["node"] == "sysd":
+            unit_text = node.exec(["systemctl", "show", unit]).stdout
+            assert key_file in unit_text and key not in unit_text
+    assert len({h["Authorization"] for h in headers}) == 3  # one key per replica
 
 
 def test_completions_and_embeddings_through_the_official_client(cluster):

@@ -15,6 +15,7 @@ import requests
 
 from tests.conftest import TOP, free_port, free_port_range
 from tests.e2e.conftest import cli, fire_streams, stop_served, wait_for
+from tests.harness.engine_keys import engine_auth
 
 pytestmark = pytest.mark.e2e
 
@@ -334,8 +335,8 @@ def _engine(root, model="demo"):
                           "WHERE m.name = ? AND r.state = 'ready'", (model,)).fetchone()[0]
 
 
-def _processing(engine):
-    text = requests.get(engine + "/metrics", timeout=5).text
+def _processing(root, engine):
+    text = requests.get(engine + "/metrics", headers=engine_auth(root, engine), timeout=5).text
     return int(re.search(r"requests_processing (\d+)", text).group(1))
 
 
@@ -349,10 +350,10 @@ def test_a_whole_answer_whose_client_leaves_stops_the_engine_and_bills_the_promp
     client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                    + f"Authorization: Bearer {plane['key']}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
                    + body)
-    wait_for("the engine to work on it", lambda: _processing(engine) == 1, timeout=10, every=0.1)
+    wait_for("the engine to work on it", lambda: _processing(root, engine) == 1, timeout=10, every=0.1)
     client.close()
     started = time.monotonic()
-    wait_for("the engine to stop generating", lambda: _processing(engine) == 0, timeout=10, every=0.1)
+    wait_for("the engine to stop generating", lambda: _processing(root, engine) == 0, timeout=10, every=0.1)
     print(f"the engine stopped {time.monotonic() - started:.1f} s after the client left "
           f"(its answer would have taken 20 s)")
     log = root / "node" / "logs" / "llmgw-demo-0.log"

@@ -24,6 +24,7 @@ from tests.e2e.conftest import (CACHE, VERSION, ControlPlane, cli, configure, ne
 from tests.e2e.test_fleet import CUDA, CUDART, X64, cudart_tarball, fake_nvidia
 from tests.harness import browser
 from tests.harness import nodes as harness
+from tests.harness.engine_keys import engine_auth
 
 pytestmark = pytest.mark.e2e
 
@@ -34,8 +35,9 @@ SAMPLE = "/etc/llmgw-test/nvidia-smi.out"
 NVIDIA_SMI = f'#!/bin/sh\nexec cat {SAMPLE}\n'
 VLLM = "/opt/vllm/bin/vllm"
 VL_DIR = "/srv/models/vl"
-# How vLLM is started is what matters here: the stand-in writes its argv (one per line) and the
-# cards it was given to /var/lib/vllm-shim/PORT.argv, then serves with the simulated engine.
+# How vLLM is started is what matters here: the stand-in writes its argv (one per line), whether
+# it got VLLM_API_KEY and the cards it was given to /var/lib/vllm-shim/PORT.argv, then serves
+# with the simulated engine, which demands that key as vLLM does.
 VLLM_SHIM = """#!/bin/sh
 if [ "$1" = --version ]; then echo 0.11.2; exit 0; fi
 [ "$1" = serve ] || { echo "this vllm knows only --version and serve" >&2; exit 2; }
@@ -49,9 +51,11 @@ for arg in "$@"; do
   prev=$arg
 done
 mkdir -p /var/lib/vllm-shim
-{ printf '%s\\n' "$@"; echo "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES";
+{ printf '%s\\n' "$@"; echo "VLLM_API_KEY=${VLLM_API_KEY:+set}"; echo "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES";
   echo "CUDA_DEVICE_ORDER=$CUDA_DEVICE_ORDER"; echo "LLMGW_GPU_UUIDS=$LLMGW_GPU_UUIDS"; } > /var/lib/vllm-shim/$port.argv
-exec python3 /opt/vllm/sim_engine.py --model "$name" --host "$host" --port "$port"
+keys=/var/lib/vllm-shim/$port.key
+(umask 077; printf '%s\\n' "$VLLM_API_KEY" > "$keys")
+exec python3 /opt/vllm/sim_engine.py --model "$name" --host "$host" --port "$port" --api-key-file "$keys"
 """
 # The real llama-server on two cores: one thread each, a small context.
 LLAMA_ARGS = ("--arg=-t", "--arg=1", "--arg=-tb", "--arg=1", "--arg=-c", "--arg=512")
@@ -351,6 +355,13 @@ def test_vllm_is_started_with_its_cards_and_answers_through_the_gateway(fleet):
     assert argv[-3:] == [f"CUDA_VISIBLE_DEVICES={','.join(map(str, row['gpu_indexes']))}",
                          "CUDA_DEVICE_ORDER=PCI_BUS_ID",
                          f"LLMGW_GPU_UUIDS={','.join(row['gpu_uuids'])}"], argv
+    # Its key came in VLLM_API_KEY, read from the replica's key file on the node: on no
+    # command line, and the engine refuses whoever comes without it.
+    key = engine_auth(root, row["endpoint"])["Authorization"].removeprefix("Bearer ")
+    assert "VLLM_API_KEY=set" in argv and not any(key in a for a in argv)
+    assert key not in node.exec(["ps", "-eo", "args"]).stdout
+    assert requests.post(row["endpoint"] + "/v1/chat/completions", timeout=10, json={
+        "model": "vl", "messages": [{"role": "user", "content": "hi"}]}).status_code == 401
 
     client = openai.OpenAI(base_url=fleet["plane"].url + "/v1", api_key=fleet["key"],
                            max_retries=0, timeout=30)

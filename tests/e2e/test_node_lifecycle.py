@@ -17,6 +17,7 @@ from tests.e2e.conftest import (ControlPlane, cli, configure, need_test_nodes, n
                                 operator_key, tune, wait_for)
 from tests.e2e.test_gpu_placement import events, page
 from tests.harness import nodes as harness
+from tests.harness.engine_keys import engine_auth
 from tests.test_local_cluster import stream_in_thread
 
 pytestmark = pytest.mark.e2e
@@ -128,9 +129,9 @@ def our_units(node):
     return [line.split()[0] for line in out.stdout.splitlines() if line.strip()]
 
 
-def five_second_stream(endpoint, model):
-    """250 tokens at the engine's 0.02 s, read straight from it in a thread."""
-    return stream_in_thread(endpoint, model, 250)
+def five_second_stream(root, endpoint, model):
+    """250 tokens at the engine's 0.02 s, read straight from it (with its key) in a thread."""
+    return stream_in_thread(endpoint, model, 250, engine_auth(root, endpoint))
 
 
 def answers(endpoint):
@@ -167,7 +168,7 @@ def test_a_stream_on_the_replica_scaled_away_ends_with_done(life):
     root = life["root"]
     wait_for("four ready replicas", lambda: sum(placed(root).values()) == 4, timeout=120)
     leaving = next(r for r in replicas(root) if r["name"] == "demo-3")
-    reader, got = five_second_stream(leaving["endpoint"], "demo")
+    reader, got = five_second_stream(root, leaving["endpoint"], "demo")
     cli(root, "model", "set", "demo", "--replicas", "3")
     reader.join(60)
     assert got["body"].rstrip().endswith("data: [DONE]")
@@ -226,7 +227,7 @@ def test_a_stream_on_a_removed_model_ends_with_done(life):
     wait_for("extra ready", lambda: any(r["name"] == "extra-0" and r["state"] == "ready"
                                         for r in replicas(root)), timeout=120)
     leaving = next(r for r in replicas(root) if r["name"] == "extra-0")
-    reader, got = five_second_stream(leaving["endpoint"], "extra")
+    reader, got = five_second_stream(root, leaving["endpoint"], "extra")
     out = cli(root, "model", "remove", "extra")
     reader.join(60)
     assert "extra: 1 replica(s) out of routing, finishing their requests" in out.stderr

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from tests.e2e.conftest import (CACHE, VERSION, cli, configure, need_test_nodes, nodes_json,
-                                operator_key)
+                                operator_key, wait_for)
 from tests.harness import nodes as harness
 from tests.harness.node_boot import HOST_KEY
 
@@ -60,6 +60,14 @@ def test_a_sudo_user_on_a_second_address_gets_a_working_engine(fleet):
     assert node["labels"] == {"gpu": "none", "rack": "r7"} and node["addr"] == ops.ip
     assert node["installs"][0]["state"] == "ready", node["installs"]
     assert [r["state"] for r in node["replicas"]] in (["starting"], ["ready"])
+    # --mgmt-iface eth0: the engine listens on that interface's address only, and is reached there.
+    port = node["replicas"][0]["port"]
+    assert node["replicas"][0]["endpoint"] == f"http://{ops.ip}:{port}"
+
+    def listening():
+        return [line.split()[3] for line in ops.exec(["ss", "-ltnH"]).stdout.splitlines()
+                if line.split()[3].endswith(f":{port}")]
+    assert wait_for("the engine to listen", listening, timeout=60, every=0.5) == [f"{ops.ip}:{port}"]
     owner = ops.exec(["stat", "-c", "%U", f"/opt/llmgw/engines/llamacpp/{VERSION}-cpu"]).stdout.strip()
     assert owner == "root"
 
