@@ -12,7 +12,8 @@ except _ConfigError as _e:
     raise SystemExit(2) from None
 bind = _conf["server"]["listen"]
 workers = _conf["server"]["workers"]
-worker_class = "gevent"
+# gevent's worker, answering what gunicorn's parser refuses in OpenAI's JSON error shape.
+worker_class = "llmgw.gunicorn_worker.Worker"
 worker_connections = 2000
 # Recycle workers now and then, staggered so two never restart together (a recycled
 # worker resets a few connections it had accepted but not yet started).
