@@ -63,13 +63,22 @@ def test_the_log_pane_is_answered_by_the_reconciler(cluster, client, auth):
     auth.login(password=auth.password)
     page = client.get("/nodes/local")
     assert page.status_code == 200 and b"logpane" in page.data
+    assert not LogRequest.select().exists()  # a GET changes nothing: the pane asks by POST
+    assert b"""hx-vals='{"source": "demo-0"}'""" in page.data
+    token = page.get_data(as_text=True).split('"X-CSRFToken": "')[1].split('"')[0]
+    csrf = {"X-CSRFToken": token}
+    assert client.post("/nodes/local/logs", data={"source": "demo-0"}).status_code == 400  # no token
+    assert client.post("/nodes/local/logs", data={"source": "nope"}, headers=csrf).status_code == 404
+    opened = client.post("/nodes/local/logs", data={"source": "demo-0"}, headers=csrf)
     req = LogRequest.get(LogRequest.state == "pending")
-    assert client.get(f"/nodes/local/logs/{req.id}").status_code == 204
+    assert f'hx-post="/nodes/local/logs/{req.id}"'.encode() in opened.data
+    assert client.get(f"/nodes/local/logs/{req.id}").status_code == 405
+    assert client.post(f"/nodes/local/logs/{req.id}", headers=csrf).status_code == 204
     asyncio.run(Reconciler(conf).answer_log_requests())
-    lines = client.get(f"/nodes/local/logs/{req.id}")
+    lines = client.post(f"/nodes/local/logs/{req.id}", headers=csrf)
     assert lines.status_code == 200
     assert b"sim: serving demo" in lines.data
-    assert b"hx-get=\"/nodes/local/logs/" in lines.data
+    assert b"hx-post=\"/nodes/local/logs/" in lines.data
 
 
 def test_a_model_without_a_ready_replica_is_a_503_with_the_reason(app, client):

@@ -66,9 +66,8 @@ def node_page(name):
     source = request.args.get("source") or (reps[0].name if reps else "")
     if source and source not in {r.name for r in reps}:
         abort(404, f"{name} runs no replica called {source!r}.")
-    req = _ask(node, source, "") if source else None
     events = list(node.events.order_by(NodeEvent.id.desc()).limit(50))
-    return render_template("node.html", node=node, replicas=reps, source=source, req=req, events=events,
+    return render_template("node.html", node=node, replicas=reps, source=source, events=events,
                            **_replicas_view(node, reps),
                            installs=list(node.installs), supervisor=supervisor_for(node.facts or {}),
                            gpus=cards.node_cards(node),
@@ -126,7 +125,21 @@ def _ask(node, source, cursor):
                              lines=100 if not cursor else 1000)
 
 
-@bp.get("/nodes/<name>/logs/<int:req_id>")
+@bp.post("/nodes/<name>/logs")
+@admin_required
+def log_start(name):
+    """Open a log pane: ask the reconciler for a source's last lines; answer with the poller.
+
+    A POST, as is every poll after it: each one writes the reconciler a request, and no GET
+    changes anything."""
+    node = _node(name)
+    source = request.form.get("source", "")
+    if not Replica.select().where(Replica.node == node, Replica.name == source).exists():
+        abort(404, f"{name} runs no replica called {source!r}.")
+    return render_template("_log_lines.html", node=node, lines=[], next_req=_ask(node, source, ""))
+
+
+@bp.post("/nodes/<name>/logs/<int:req_id>")
 @admin_required
 def log_poll(name, req_id):
     """Answer a log pane's poll: new lines and the next poller, 204 while the reconciler works."""

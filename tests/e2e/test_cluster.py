@@ -339,14 +339,17 @@ def test_the_node_page_log_pane_follows_journald(cluster):
     assert resp.status_code == 302
     page = s.get(base + "/nodes/sysd").text
     assert "systemd" in page
-    poll = re.search(r'hx-get="(/nodes/sysd/logs/\d+)"', page).group(1)
+    csrf = {"HX-Request": "true", "X-CSRFToken": re.search(r'"X-CSRFToken": "([^"]+)"', page).group(1)}
+    source = re.search(r'hx-vals=\'\{"source": "([^"]+)"\}\'', page).group(1)
+    opened = s.post(base + "/nodes/sysd/logs", data={"source": source}, headers=csrf).text
+    poll = re.search(r'hx-post="(/nodes/sysd/logs/\d+)"', opened).group(1)
     lines = ""
     deadline = time.monotonic() + 30
     while "llama" not in lines.lower():
         assert time.monotonic() < deadline, f"no journal lines reached the pane: {lines!r}"
-        resp = s.get(base + poll, headers={"HX-Request": "true"})
+        resp = s.post(base + poll, headers=csrf)
         if resp.status_code == 200:
             lines += resp.text
-            poll = re.search(r'hx-get="(/nodes/sysd/logs/\d+)"', resp.text).group(1)
+            poll = re.search(r'hx-post="(/nodes/sysd/logs/\d+)"', resp.text).group(1)
         time.sleep(0.5)
     assert 'class="logline"' in lines
