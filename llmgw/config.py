@@ -57,6 +57,9 @@ DEFAULTS = {
     },
     "accounts": {
         "signup": "closed",
+        "login_failures_per_account": 10,
+        "login_failures_per_address": 50,
+        "login_lockout": 900,
     },
     "limits": {
         "default_rpm": 0,

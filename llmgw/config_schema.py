@@ -42,6 +42,7 @@ RULES = {
     ("reconciler", "node_lost_after"): (_whole(1), f"{WHOLE} of seconds ≥ 1"),
     ("reconciler", "port_range"): (Port_range, 'two ports as "FIRST-LAST", e.g. "18000-18999"'),
     ("accounts", "signup"): (Literal["closed", "open"], '"closed" or "open"'),
+    ("accounts", "login_lockout"): (_whole(1), f"{WHOLE} of seconds ≥ 1"),
     ("limits", "default_period"): (Literal["day", "week", "month", "never"],
                                    '"day", "week", "month" or "never"'),
     ("limits", "default_max_tokens"): (_whole(1), f"{WHOLE} ≥ 1"),

@@ -120,6 +120,15 @@ class GatewayWorker(Base):
     inflight = JSONField(default=list)  # its requests in flight at the last beat
 
 
+class LoginFailure(Base):
+    """Failed logins of one account ("account:EMAIL") or address ("address:IP") in its window."""
+
+    subject = pw.TextField(primary_key=True)
+    failures = pw.IntegerField(default=0)
+    first_at = pw.DateTimeField(default=utcnow)  # the window's first failure
+    blocked_until = pw.DateTimeField(null=True)
+
+
 class Lease(Base):
     """What one worker holds of one counter: granted to it and not yet settled or given back."""
 

@@ -4,6 +4,7 @@ import re
 
 from llmgw.cli import llmgw
 from llmgw.models import Membership, User
+from llmgw.services import tenancy
 from tests.conftest import Auth
 
 
@@ -181,3 +182,54 @@ def test_csrf_tokens_change_at_login_and_are_refused_from_another_session_or_met
             assert client.open(rule.rule, method=method).status_code == 400, (rule.rule, method)
     assert client.put("/profile").status_code == 405
     assert client.post("/profile", headers={"X-CSRF-Token": after}, data=form).status_code == 400  # wrong password
+
+
+def _try(client, email, password, address="127.0.0.1"):
+    token = token_of(client)
+    return client.post("/login", data={"email": email, "password": password, "csrf_token": token},
+                       environ_base={"REMOTE_ADDR": address})
+
+
+def test_an_account_failing_ten_times_is_refused_until_its_lockout_ends(app, client, auth):
+    from llmgw.models import LoginFailure
+    for n in range(10):
+        assert _try(client, "admin@example.com", f"guess-{n}").status_code == 401
+    refused = _try(client, "admin@example.com", auth.password)  # even the right password, now
+    assert refused.status_code == 429 and 0 < int(refused.headers["Retry-After"]) <= 900
+    assert b"Too many failed logins for this account or from this address; try again in 15 minute(s)" \
+        in refused.data
+    assert client.get("/").status_code == 302  # not logged in
+    # Another account from the same address is not held up by it (its limit is 50).
+    tenancy.ensure_admin("other@example.com")
+    assert _try(client, "other@example.com", "wrong").status_code == 401
+    # Once the lockout is over (moved into the past here, instead of waiting 15 minutes):
+    LoginFailure.update(blocked_until=LoginFailure.first_at).execute()
+    assert _try(client, "admin@example.com", auth.password).status_code == 302
+    assert not LoginFailure.select().where(LoginFailure.subject == "account:admin@example.com").exists()
+
+
+def test_an_email_with_no_account_is_counted_and_refused_like_one_with_an_account(app, client):
+    answers = [_try(client, "nobody@example.com", "x").status_code for _ in range(11)]
+    assert answers == [401] * 10 + [429]
+    assert _try(client, "NOBODY@example.com ", "x").status_code == 429  # the same account
+
+
+def test_an_address_failing_on_many_accounts_is_refused_and_others_are_not(app, client, auth):
+    app.config["LLMGW"]["accounts"]["login_failures_per_address"] = 3
+    for n in range(3):
+        assert _try(client, f"user{n}@example.com", "x", address="203.0.113.7").status_code == 401
+    assert _try(client, "admin@example.com", auth.password, address="203.0.113.7").status_code == 429
+    assert _try(client, "admin@example.com", auth.password, address="198.51.100.2").status_code == 302
+
+
+def test_counts_older_than_the_window_start_again(app, client, auth):
+    import datetime
+    from llmgw.models import LoginFailure
+    for _ in range(9):
+        _try(client, "admin@example.com", "wrong")
+    row = LoginFailure.get(LoginFailure.subject == "account:admin@example.com")
+    LoginFailure.update(first_at=row.first_at - datetime.timedelta(seconds=901)).where(
+        LoginFailure.subject == row.subject).execute()
+    assert _try(client, "admin@example.com", "wrong").status_code == 401  # the 10th, but a new window
+    row = LoginFailure.get(LoginFailure.subject == "account:admin@example.com")
+    assert (row.failures, row.blocked_until) == (1, None)

@@ -1,10 +1,11 @@
 """Log in and out."""
 import urllib.parse
 
-from flask import Blueprint, flash, redirect, render_template, request, session, url_for
+from flask import Blueprint, current_app, flash, redirect, render_template, request, session, url_for
 from flask_login import UserMixin, current_user, login_required, login_user, logout_user
 
 from .. import security
+from ..services import logins
 from ..models import User, new_session_token
 
 bp = Blueprint("auth", __name__)
@@ -42,13 +43,23 @@ def safe_next(target):
 def login():
     if request.method == "POST":
         email = request.form.get("email", "").strip()
+        conf = current_app.config["LLMGW"]
+        counted = logins.subjects(email, request.remote_addr, conf)
+        wait = logins.blocked_for(counted)
+        if wait:
+            # Refused before the hash: a guesser gets no answer and costs no CPU.
+            flash(f"Too many failed logins for this account or from this address; try again in "
+                  f"{(wait + 59) // 60} minute(s).")
+            return render_template("login.html"), 429, {"Retry-After": str(wait)}
         user = User.get_or_none(User.email == email)
         matched = security.check_password(user.password_hash if user else None,
                                           request.form.get("password", ""))
         if matched and user.is_active:
+            logins.succeeded(email)
             session.pop("csrf_token", None)  # a new CSRF token for the logged-in session
             login_user(LoginUser(user))
             return redirect(safe_next(request.args.get("next", "")) or url_for("cluster.index"))
+        logins.failed(counted, conf["accounts"]["login_lockout"])
         flash("That email and password do not match an active account.")
     return render_template("login.html"), (401 if request.method == "POST" else 200)
 
