@@ -1,5 +1,4 @@
 """External OpenAI-compatible servers: registered, health-checked, routed to like replicas."""
-import asyncio
 import re
 import urllib.parse
 
@@ -7,6 +6,7 @@ import requests
 
 from .. import secrets_box
 from ..errors import LlmgwError
+from ..executors.probes import probe as on_probe_thread
 from ..models import Endpoint, utcnow
 from ..plans.nodespec import NAME
 
@@ -47,7 +47,7 @@ def probe(url, key, timeout=5):
 async def check_all(root):
     """Health-check every external endpoint (run by the reconciler each pass)."""
     for ep in list(Endpoint.select()):
-        ok, detail = await asyncio.to_thread(probe, ep.url, secrets_box.unseal(root, ep.api_key))
+        ok, detail = await on_probe_thread(probe, ep.url, secrets_box.unseal(root, ep.api_key))
         state = "ready" if ok else "unreachable"
         if (state, detail) != (ep.state, ep.detail):
             Endpoint.update(state=state, detail=detail, updated=utcnow()).where(

@@ -11,6 +11,7 @@ import requests
 
 from .. import secrets_box
 from ..errors import LlmgwError, NodeError
+from ..executors.probes import probe
 from ..facts import metrics, ports
 from ..models import EngineInstall, Node, NodeEvent, Replica, utcnow
 from ..plans import launch
@@ -88,7 +89,7 @@ async def check_over_http(rows, conf):
     answered = False
     for r in rows:
         if r.state in ("ready", "unhealthy", "draining") and r.endpoint:
-            ok = await asyncio.to_thread(healthy, r.endpoint, engine_key(conf, r))
+            ok = await probe(healthy, r.endpoint, engine_key(conf, r))
             answered = answered or ok
             if ok and r.state == "unhealthy":
                 _set(r, "ready", f"serving on {r.endpoint} (its node is unreachable over SSH)")
@@ -241,9 +242,9 @@ class NodeReplicas:
         ok = False
         if is_running:
             replica.endpoint = endpoint_of(self.node, replica.port)
-            ok = await asyncio.to_thread(healthy, replica.endpoint, engine_key(self.conf, replica))
+            ok = await probe(healthy, replica.endpoint, engine_key(self.conf, replica))
         if ok:
-            load = await asyncio.to_thread(engine_load, replica.endpoint, engine_key(self.conf, replica))
+            load = await probe(engine_load, replica.endpoint, engine_key(self.conf, replica))
             if load != replica.load:
                 replica.load = load
                 replica.save(only=[Replica.load])
@@ -283,8 +284,7 @@ class NodeReplicas:
             _set(replica, "stopping", f"leaving: {successor.name} on {successor.node.name} serves in "
                                       f"its place; stopped once its requests are done")
             return
-        if not is_running or not await asyncio.to_thread(healthy, replica.endpoint,
-                                                         engine_key(self.conf, replica)):
+        if not is_running or not await probe(healthy, replica.endpoint, engine_key(self.conf, replica)):
             # Out of routing at once; it is not restarted here, its replacement is coming.
             _set(replica, "stopping", "leaving: its engine stopped serving while it was draining")
 
@@ -320,7 +320,7 @@ class NodeReplicas:
         age = _age(replica)
         if age < settle:
             return None
-        load = await asyncio.to_thread(engine_load, replica.endpoint, engine_key(self.conf, replica)) \
+        load = await probe(engine_load, replica.endpoint, engine_key(self.conf, replica)) \
             if replica.endpoint else None
         if age < grace and load != 0:
             return None  # serving requests still, or it cannot say: wait for the grace
