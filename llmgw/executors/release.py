@@ -93,8 +93,22 @@ class ReleaseCache:
         with _lock(str(path)):
             if path.exists() and sha256_file(path) == want:
                 return path
-            self._download(repo, tag, name, path, want, progress)
+            try:
+                self._download(repo, tag, name, path, want, progress)
+            except ReleaseError as e:
+                if getattr(e, "mismatch", False):
+                    self.forget(repo, tag)
+                    raise ReleaseError(f"{e}; the release's checksums are asked for again on the "
+                                       f"next try, in case they were what was wrong") from e
+                raise
         return path
+
+    def forget(self, repo, tag):
+        """Drop the cached metadata of repo@tag: a published checksum that did not match what
+        was downloaded may have been corrected since, and must not be trusted for ever."""
+        meta = self._dir(repo, tag) / "release.json"
+        with _lock(str(meta)):
+            meta.unlink(missing_ok=True)
 
     def _download(self, repo, tag, name, path, want, progress):
         download_checked(self.url(repo, tag, name), path, want, self.timeout, name,
@@ -127,8 +141,10 @@ def download_checked(url, target, want, timeout, what, whose, error, progress=No
     got = h.hexdigest()
     if want and got != want:
         part.unlink(missing_ok=True)
-        raise error(f"{what} does not match the sha256 checksum {whose} "
-                    f"(got {got[:12]}…, expected {want[:12]}…); {outcome}")
+        refused = error(f"{what} does not match the sha256 checksum {whose} "
+                        f"(got {got[:12]}…, expected {want[:12]}…); {outcome}")
+        refused.mismatch = True
+        raise refused
     os.replace(part, target)
     return got
 

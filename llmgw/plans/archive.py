@@ -1,6 +1,22 @@
-"""Whether a release archive may be unpacked: nothing in it may land or point outside its directory."""
+"""Whether a release archive may be unpacked: nothing in it may land or point outside its
+directory, and it is not bigger than any release needs to be."""
 import posixpath
-import tarfile
+
+# A llama.cpp release (CUDA build included) unpacks to a few hundred files and under 2 GiB;
+# these leave ample room and stop an archive of a million members or a gigabyte-per-megabyte
+# bomb before it is unpacked (or listed in full: listings stop one past the bound).
+MAX_MEMBERS = 20_000
+MAX_UNPACKED_BYTES = 16 * 1024 ** 3
+
+
+def too_big(members, unpacked_bytes, max_members=MAX_MEMBERS, max_bytes=MAX_UNPACKED_BYTES):
+    """Return the sentence refusing an archive of that many members and bytes, or None."""
+    if members > max_members:
+        return f"it holds more than {max_members:,} members, far more than any release needs"
+    if unpacked_bytes > max_bytes:
+        return (f"it would unpack to more than {max_bytes:,} bytes ({unpacked_bytes:,} listed so "
+                f"far), far more than any release needs")
+    return None
 
 
 def escapes(path):
@@ -21,6 +37,9 @@ def refusals(members):
     out = []
     links = set()
     for name, kind, link in members:
+        if kind == "unreadable":
+            out.append(f"a line of its listing could not be read ({name[:120]!r})")
+            continue
         norm = posixpath.normpath(name)
         through = next((p for p in _parents(norm) if p in links), None)
         if escapes(name):
@@ -41,14 +60,3 @@ def refusals(members):
 def _parents(path):
     parts = path.split("/")
     return ["/".join(parts[:i]) for i in range(1, len(parts))]
-
-
-def tar_members(path):
-    """Read [(name, kind, linkname)] from a .tar.gz file (reading only, never extracting)."""
-    kinds = []
-    with tarfile.open(path, "r:*") as tar:
-        for m in tar:
-            kind = ("file" if m.isreg() else "dir" if m.isdir() else "symlink" if m.issym()
-                    else "hardlink" if m.islnk() else "other")
-            kinds.append((m.name, kind, m.linkname))
-    return kinds

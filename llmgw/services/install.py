@@ -10,6 +10,7 @@ from ..errors import InstallError, LlmgwError
 from ..facts.host import packaging_family
 from ..facts.ldd import missing_libraries
 from ..models import EngineInstall, NodeEvent, utcnow
+from ..executors import archive_read
 from ..executors.transport import LONG_FILE_SECONDS
 from ..facts import tarlist
 from ..plans import archive, packages
@@ -118,7 +119,7 @@ class Installer:
             sums[asset] = await self._push_asset(row, build, asset, scratch)
         self._set(row, "installing", f"checking that {build.binary} runs")
         found = await self.t.check(["find", scratch, "-name", build.binary, "-type", "f"])
-        paths = sorted(found.stdout.split(), key=len)
+        paths = sorted(found.stdout.splitlines(), key=len)  # a base dir may hold a space
         if not paths:
             raise InstallError(f"the build has no {build.binary} in it")
         await self._verify(build, paths[0])
@@ -134,11 +135,18 @@ class Installer:
             members = await self._copy_from_cache(row, build, asset, remote)
         got = (await self.t.check(["sha256sum", remote], timeout=LONG_FILE_SECONDS)).stdout.split()[:1]
         if got != [want]:
+            if self.on_node:  # the published checksum may be what is wrong: read it again next time
+                await asyncio.to_thread(self.releases.forget, build.repo, build.version)
             where = "downloaded on the node" if self.on_node else "arrived on the node damaged"
             raise InstallError(f"{asset} {where} does not match the sha256 checksum its publisher "
                                f"gave ({(got or ['?'])[0][:12]}…, expected {want[:12]}…)")
         if self.on_node:
-            members = tarlist.parse_listing((await self.t.check(tarlist.listing_argv(remote))).stdout)
+            listing = (await self.t.check(tarlist.listing_argv(remote, archive.MAX_MEMBERS),
+                                          timeout=LONG_FILE_SECONDS)).stdout
+            members = tarlist.parse_listing(listing)
+            why = archive.too_big(len(members), tarlist.unpacked_bytes(listing))
+            if why:
+                raise InstallError(f"{asset} was refused: {why}")
         bad = archive.refusals(members)
         if bad:
             raise InstallError(f"{asset} was refused: " + "; ".join(bad[:3]))
@@ -153,7 +161,7 @@ class Installer:
         def progress(text):
             self._set(row, "installing", text)
         local = await asyncio.to_thread(self.releases.asset, build.repo, build.version, asset, progress)
-        members = await asyncio.to_thread(archive.tar_members, local)
+        members = await asyncio.to_thread(archive_read.tar_members, local)
         self._set(row, "installing", f"copying {asset} to the node")
         await self.t.put(str(local), remote)
         return members
