@@ -62,3 +62,24 @@ def test_a_replica_that_refuses_the_connection_is_passed_over_for_the_next(app, 
     time.sleep(2.1)  # past the route cache
     resp = client.post("/v1/chat/completions", headers=headers, json=body)
     assert resp.status_code == 502 and resp.get_json()["error"]["code"] == "upstream_unreachable"
+
+
+def test_a_replica_whose_engine_key_this_plane_cannot_open_is_left_out_once_logged(app, client, caplog):
+    from cryptography.fernet import Fernet
+
+    from llmgw.models import Model, Node, Replica
+    from llmgw.services import tenancy
+    model = Model.create(name="demo", engine="sim", source="", sha256="", replicas=1)
+    node = Node.create(name="n1", addr="127.0.0.1", reachable=True)
+    other_plane = Fernet(Fernet.generate_key()).encrypt(b"sk-engine-x").decode()
+    Replica.create(name="demo-0", slot="demo-0", model=model, node=node, port=1, state="ready",
+                   endpoint="http://127.0.0.1:1", engine_key=other_plane)
+    _, key = tenancy.create_key("default")
+    app.config["LLMGW"]["gateway"]["route_cache_seconds"] = 0  # every request reads the routes
+    for _ in range(3):
+        resp = client.post("/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                           json={"model": "demo", "messages": [{"role": "user", "content": "hi"}]})
+        assert resp.status_code == 503
+        assert "a replica whose engine key this control plane cannot read" in resp.get_json()["error"]["message"]
+    said = [r.getMessage() for r in caplog.records if "cannot be decrypted" in r.getMessage()]
+    assert len(said) == 1 and "replica demo-0's stored key" in said[0] and "fernet.key" in said[0]

@@ -36,6 +36,7 @@ class Routes:
         self.models = {}
         self.auth = {}
         self.opened = {}  # sealed key -> its Authorization header: decrypted once, not each read
+        self.unreadable = set()  # sealed keys this control plane's key file cannot open
         self.load = {}
         self.inflight = {}
         self.turn = itertools.count()
@@ -91,7 +92,9 @@ class Routes:
             try:
                 header = "Bearer " + secrets_box.unseal(current_app.config["LLMGW"]["_root"], sealed, what)
             except secrets_box.Unreadable as e:
-                log.error("%s", e)
+                if sealed not in self.unreadable:  # once, not at every read of the routes
+                    self.unreadable.add(sealed)
+                    log.error("%s", e)
                 return False
             self.opened[sealed] = header
         auth[url] = header
