@@ -61,7 +61,7 @@ def test_an_engine_listens_on_the_management_address_when_there_is_one():
     from types import SimpleNamespace
 
     from llmgw.errors import LlmgwError
-    from llmgw.services.replicas import endpoint_of
+    from llmgw.services.engine_http import endpoint_of
     from llmgw.services.serving import listen_host
 
     def node(iface, addresses, transport="ssh"):

@@ -8,7 +8,8 @@ import pytest
 from llmgw.models import EngineInstall, LogRequest, Model, NodeEvent, Replica
 from llmgw.plans import launch
 from llmgw.services import tenancy
-from llmgw.services.replicas import engine_key, running_units
+from llmgw.services.engine_http import engine_key
+from llmgw.services.replicas import running_units
 from llmgw.services.serving import serve_of
 from llmgw.executors.transport import LocalTransport
 from llmgw.reconciler import Reconciler

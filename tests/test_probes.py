@@ -5,7 +5,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from llmgw.executors.probes import probe
-from llmgw.services.replicas import healthy
+from llmgw.services.engine_http import healthy
 
 
 class _Health(BaseHTTPRequestHandler):
