@@ -49,7 +49,9 @@ def cluster(tmp_path_factory):
         plane = env["plane"] = ControlPlane(root, free_port())
         configure(root, github, listen=f"127.0.0.1:{plane.port}")
         for name in ("sysd", "plain"):
-            out = cli(root, "add-node", name, "--addr", env[name].ip, "--bootstrap-key", str(operator))
+            label = ["--label", "init=systemd"] if name == "sysd" else []
+            out = cli(root, "add-node", name, "--addr", env[name].ip, "--bootstrap-key", str(operator),
+                      *label)
             env[f"add_{name}"] = out.stdout
         model = write_tiny_gguf(work / "tiny.gguf")
         cli(root, "model", "add", "tiny", "--file", str(model), "--replicas", "2",
@@ -353,3 +355,26 @@ def test_the_node_page_log_pane_follows_journald(cluster):
             poll = re.search(r'hx-post="(/nodes/sysd/logs/\d+)"', resp.text).group(1)
         time.sleep(0.5)
     assert 'class="logline"' in lines
+
+
+def test_a_model_named_with_a_dollar_serves_under_that_exact_name_on_the_systemd_node(cluster):
+    """systemd expands ${VAR} in a unit's command line: the name must reach llama-server whole."""
+    root, name = cluster["root"], "a${HOME}"
+    cli(root, "model", "add", name, "--file", str(cluster["work"] / "tiny.gguf"), "--replicas", "1",
+        "--require", "init=systemd", "--arg=-t", "--arg=1", "--arg=-c", "--arg=512")
+    try:
+        def ready():
+            return next((r for r in nodes_json(root)["sysd"]["replicas"]
+                         if r["name"] == "a-home-0" and r["state"] == "ready"), None)
+        row = wait_for(f"{name} ready on sysd", ready, timeout=180)
+        served = requests.get(row["endpoint"] + "/v1/models", headers=engine_auth(root, row["endpoint"]),
+                              timeout=10).json()
+        assert [m["id"] for m in served["data"]] == [name]
+        reply = cluster["client"].chat.completions.create(
+            model=name, max_tokens=2, messages=[{"role": "user", "content": "hello"}])
+        assert reply.choices[0].message.content is not None
+    finally:
+        cli(root, "model", "remove", name, "--now")
+        wait_for(f"{name}'s replica to go", lambda: not any(
+            r["name"].startswith("a-home") for n in nodes_json(root).values() for r in n["replicas"]),
+            timeout=120)
