@@ -39,31 +39,43 @@ def ensure(root):
     return made
 
 
-_boxes = {}  # root -> Fernet: the file is read once a process, not once a secret
+_boxes = {}  # (root, the file's mtime) -> Fernet: read once, and again when the file is replaced
 
-
-def _box(root):
-    box = _boxes.get(root)
-    if box is None:
-        ensure(root)
-        box = _boxes[root] = Fernet(key_path(root).read_bytes())
-    return box
-
-
-def seal(root, text):
-    return _box(root).encrypt(text.encode()).decode() if text else ""
+COPY_IT = ("Every control plane sharing a database needs the same file: copy it from the one "
+           "that stored the key (the processes read it again when it changes).")
 
 
 class Unreadable(LlmgwError):
     """A sealed secret that this control plane's key file cannot open."""
 
 
+def _box(root, create):
+    path = key_path(root)
+    if create:
+        ensure(root)
+    try:
+        stamp = path.stat().st_mtime_ns
+        box = _boxes.get((root, stamp))
+        if box is None:
+            box = _boxes[(root, stamp)] = Fernet(path.read_bytes())
+    except FileNotFoundError:
+        # Never made here on reading: a key file made now could open nothing stored before.
+        raise Unreadable(f"there is no {path} to open stored keys with. {COPY_IT}") from None
+    except (OSError, ValueError) as e:
+        raise Unreadable(f"{path} cannot be used to open stored keys ({e}). {COPY_IT}") from e
+    return box
+
+
+def seal(root, text):
+    return _box(root, create=True).encrypt(text.encode()).decode() if text else ""
+
+
 def unseal(root, token, what="the endpoint"):
     if not token:
         return ""
+    box = _box(root, create=False)
     try:
-        return _box(root).decrypt(token.encode()).decode()
+        return box.decrypt(token.encode()).decode()
     except InvalidToken as e:
         raise Unreadable(f"{what}'s stored key cannot be decrypted with {key_path(root)}: it was "
-                         f"sealed with another key file. Every control plane sharing a database "
-                         f"needs the same file; copy it from the one that stored the key.") from e
+                         f"sealed with another key file. {COPY_IT}") from e

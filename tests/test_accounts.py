@@ -233,3 +233,24 @@ def test_counts_older_than_the_window_start_again(app, client, auth):
     assert _try(client, "admin@example.com", "wrong").status_code == 401  # the 10th, but a new window
     row = LoginFailure.get(LoginFailure.subject == "account:admin@example.com")
     assert (row.failures, row.blocked_until) == (1, None)
+
+
+def test_a_burst_of_guesses_sent_at_once_gets_no_more_hashes_than_the_limit(app, auth):
+    import threading
+    start, answers, lock = threading.Barrier(30), [], threading.Lock()
+
+    def guess(n):
+        client = app.test_client()
+        token = token_of(client)
+        start.wait()
+        status = client.post("/login", data={"email": "admin@example.com", "password": f"guess-{n}",
+                                             "csrf_token": token}).status_code
+        with lock:
+            answers.append(status)
+    threads = [threading.Thread(target=guess, args=(n,)) for n in range(30)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    # Each attempt takes its number before its password is checked: ten are, twenty are refused.
+    assert sorted(answers) == [401] * 10 + [429] * 20

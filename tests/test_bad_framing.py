@@ -91,3 +91,16 @@ def test_a_replica_that_breaks_the_framing_is_passed_over_for_one_that_answers(a
     answered = [ask(client, headers) for _ in range(4)]
     assert [r.status_code for r in answered] == [200] * 4
     assert set(app.extensions["llmgw.gateway"][0].inflight.values()) == {0}
+
+
+def test_an_engine_refusing_the_gateways_key_is_passed_over_and_never_a_401_to_the_client(app, client, gateway):
+    refused = (b"HTTP/1.1 401 Unauthorized\r\nContent-Type: application/json\r\nContent-Length: 36\r\n\r\n"
+               b'{"error": {"message": "Invalid key"}}')
+    headers = gateway(refused)
+    resp = ask(client, headers)
+    assert resp.status_code == 502, resp.get_data(as_text=True)
+    err = resp.get_json()["error"]
+    assert err["code"] == "upstream_unreachable" and "refused the key the gateway gave it (401)" in err["message"]
+    assert set(app.extensions["llmgw.gateway"][0].inflight.values()) == {0}
+    settle_now(app)
+    assert Usage.select().order_by(Usage.id.desc()).get().status == 502

@@ -71,6 +71,8 @@ def test_a_replica_whose_engine_key_this_plane_cannot_open_is_left_out_once_logg
     from llmgw.services import tenancy
     model = Model.create(name="demo", engine="sim", source="", sha256="", replicas=1)
     node = Node.create(name="n1", addr="127.0.0.1", reachable=True)
+    from llmgw import secrets_box
+    secrets_box.ensure(app.config["LLMGW"]["_root"])  # this plane's own key file, as init makes it
     other_plane = Fernet(Fernet.generate_key()).encrypt(b"sk-engine-x").decode()
     Replica.create(name="demo-0", slot="demo-0", model=model, node=node, port=1, state="ready",
                    endpoint="http://127.0.0.1:1", engine_key=other_plane)

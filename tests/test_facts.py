@@ -80,3 +80,6 @@ def test_an_engine_listens_on_the_management_address_when_there_is_one():
                                          r"with one: eth0 \(203.0.113.9\)\); run add-node gpu-1 again"):
         listen_host(missing)
     assert endpoint_of(missing, 18001) == "http://203.0.113.9:18001"  # a running engine stays reachable
+    older = SimpleNamespace(name="gpu-1", addr="203.0.113.9", transport="ssh", mgmt_interface="eth1",
+                            facts={"gpus": []})  # discovered before addresses were recorded
+    assert listen_host(older) == "0.0.0.0" and endpoint_of(older, 18001) == "http://203.0.113.9:18001"

@@ -295,3 +295,22 @@ def test_a_key_limited_to_one_model_sees_only_that_name_and_no_cluster_detail_in
         assert "ep-on-node-7" not in text and "/srv/secret" not in text and "10.9.9.9" not in text
     assert said[2][1] == ("No ready replica of 'mine': an external endpoint failed. Administrators see "
                           "why on the model's page.")
+
+
+def test_without_the_key_file_no_key_is_sealed_anew_and_the_replica_says_why(cluster):
+    from llmgw import secrets_box
+    conf = cluster["conf"]
+    reconcile(conf, lambda: len(ready()) == 1)
+    key_file = secrets_box.key_path(conf["_root"])
+    key_file.unlink()  # as on a second control plane that was never given the file
+    with pytest.raises(secrets_box.Unreadable, match="there is no .*fernet.key to open stored keys with"):
+        engine_key(conf, Replica.get())
+    assert not key_file.exists()  # reading never makes one
+    reconcile(conf)
+    assert Replica.get().state == "ready"  # still probed (/health needs no key), not failed
+    # A restart would seal its new key with a new file that opens none of the stored ones.
+    conf["reconciler"]["stop_grace"] = 1  # its load cannot be read without the key: no waiting
+    Model.update(args=["--token-delay", "0.01"]).where(Model.name == "demo").execute()
+    reconcile(conf, lambda: Replica.get().state == "failed", timeout=60)
+    assert "there is no" in Replica.get().detail and "but keys sealed with one are stored" in Replica.get().detail
+    assert not key_file.exists()

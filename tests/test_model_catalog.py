@@ -103,6 +103,8 @@ def test_remove_refuses_while_a_fallback_names_it_unless_forced(fleet, cli, tiny
     (["--gpu-class", "l4-24g"], "but --gpus is 0"),
     (["--gpus", "2", "--share-gpu"], "cannot go with --gpus 2"),
     (["--replicas", "65"], "--replicas 65 is out of range"),
+    (["--arg=--api-key", "--arg=x"], "--arg=--api-key: llmgw starts each replica's engine with a key of its own"),
+    (["--arg=--api-key-file=/k"], "--arg=--api-key-file: llmgw starts each replica's engine"),
 ])
 def test_bad_settings_are_refused_by_name_and_nothing_is_written(fleet, cli, tiny, flags, words):
     out = cli("model", "add", "m", "--file", tiny, *flags)

@@ -245,3 +245,29 @@ def test_stopping_an_engine_removes_its_key_file(tmp_path):
     assert not (run / "llmgw-qwen-0.key").exists()
     argv = launch.stop_argv("systemd", "llmgw-qwen-0", "/opt/llmgw")
     assert argv[-1] == "/opt/llmgw/run/llmgw-qwen-0.key" and 'rm -f "$1"' in argv[2]
+
+
+def test_an_engine_whose_key_file_is_missing_or_empty_does_not_start(tmp_path):
+    import subprocess
+    show = tmp_path / "engine"
+    show.write_text('#!/bin/sh\necho started\n')
+    show.chmod(0o755)
+    empty = tmp_path / "empty.key"
+    empty.write_text("")
+    for engine in ("vllm", "sglang"):
+        for key_file in (empty, tmp_path / "missing.key"):
+            argv = [str(show) if a == "/opt/bin/x" else a for a in serve(engine, key_file=str(key_file))]
+            out = subprocess.run(argv, capture_output=True, text=True)
+            assert out.returncode == 1 and "started" not in out.stdout, (engine, key_file, out)
+            assert f"llmgw: no API key in {key_file}" in out.stderr
+
+
+def test_a_node_listing_whose_tar_fails_refuses_the_archive(tmp_path):
+    import subprocess
+    from llmgw.facts import tarlist
+    junk = tmp_path / "junk.tar.gz"
+    junk.write_bytes(b"not an archive")
+    out = subprocess.run(tarlist.listing_argv(str(junk), 10), capture_output=True, text=True)
+    assert out.returncode == 0  # head's status: what tar said is in the listing itself
+    refusals = archive.refusals(tarlist.parse_listing(out.stdout))
+    assert refusals and any("llmgw: tar failed with status" in r for r in refusals), refusals

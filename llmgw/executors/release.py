@@ -38,7 +38,8 @@ class ReleaseCache:
         return d
 
     def digests(self, repo, tag):
-        """Return {asset name: sha256 hex} as published for repo@tag (one request per tag, ever)."""
+        """Return {asset name: sha256 hex} as published for repo@tag (one request per tag, and
+        one more after a download that did not match: see forget)."""
         meta = self._dir(repo, tag) / "release.json"
         with _lock(str(meta)):
             if not meta.exists():

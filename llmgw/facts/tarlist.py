@@ -11,8 +11,12 @@ LINE = re.compile(r"^(?P<type>\S)\S{9}\S*\s+\d+/\d+\s+(?P<size>\d+|\d+,\s*\d+)\s
 
 
 def listing_argv(path, max_members):
-    """List the archive, stopping one line past max_members (the node's output is bounded)."""
-    return ["sh", "-c", 'tar --numeric-owner -tvzf "$0" | head -n "$1"', path, str(max_members + 1)]
+    """List the archive, stopping one line past max_members (the node's output is bounded).
+
+    The pipeline's status is head's, so a tar that fails says so in a line of its own, which
+    no listing line looks like: it is read as unreadable and refuses the archive."""
+    return ["sh", "-c", '{ tar --numeric-owner -tvzf "$0" 2>&1 || echo "llmgw: tar failed with status $?"; } '
+                        '| head -n "$1"', path, str(max_members + 1)]
 
 
 def _lines(text):

@@ -40,10 +40,11 @@ def engine_argv(s):
         return argv
     if s.engine in ("sim", "llamacpp"):
         return [*argv, "--api-key-file", s.key_file]
+    # Without its key the engine must not start at all: an empty key is no key to either.
+    read = 'k=$(cat "$0") && [ -n "$k" ] || { echo "llmgw: no API key in $0" >&2; exit 1; }; '
     if s.engine == "vllm":
-        return ["sh", "-c", 'VLLM_API_KEY="$(cat "$0")" && export VLLM_API_KEY && exec "$@"',
-                s.key_file, *argv]
-    return ["sh", "-c", 'exec "$@" --api-key "$(cat "$0")"', s.key_file, *argv]
+        return ["sh", "-c", read + 'VLLM_API_KEY=$k; export VLLM_API_KEY; exec "$@"', s.key_file, *argv]
+    return ["sh", "-c", read + 'exec "$@" --api-key "$k"', s.key_file, *argv]
 
 
 def _engine_flags(s):

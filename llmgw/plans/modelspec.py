@@ -118,6 +118,10 @@ def check(spec):
     _in_range("--max-per-node", spec.max_per_node, 0, MAX_REPLICAS)
     if spec.name in spec.fallbacks:
         raise SpecError(f"model {spec.name!r} cannot be its own fallback.")
+    keyed = next((a for a in spec.args or () if str(a).split("=")[0] in ("--api-key", "--api-key-file")), None)
+    if keyed is not None:
+        raise SpecError(f"--arg={keyed.split('=')[0]}: llmgw starts each replica's engine with a key "
+                        f"of its own and sends it; remove that argument.")
     if spec.engine != "sim" and not spec.source:
         what = "a directory with config.json and safetensors shards" \
             if spec.engine in DIRECTORY_ENGINES else "a GGUF path or URL"

@@ -47,7 +47,11 @@ def probe(url, key, timeout=5):
 async def check_all(root):
     """Health-check every external endpoint (run by the reconciler each pass)."""
     for ep in list(Endpoint.select()):
-        ok, detail = await on_probe_thread(probe, ep.url, secrets_box.unseal(root, ep.api_key))
+        try:
+            ok, detail = await on_probe_thread(probe, ep.url, secrets_box.unseal(root, ep.api_key,
+                                                                                 f"endpoint {ep.name}"))
+        except secrets_box.Unreadable as e:
+            ok, detail = False, str(e)
         state = "ready" if ok else "unreachable"
         if (state, detail) != (ep.state, ep.detail):
             Endpoint.update(state=state, detail=detail, updated=utcnow()).where(

@@ -1,5 +1,6 @@
 """How the control plane reaches a replica's engine over HTTP: its URL, its key, its health
 and its load. The probes block; they run on the probe threads (executors/probes.py)."""
+import logging
 import time
 
 import requests
@@ -7,6 +8,8 @@ import requests
 from .. import secrets_box
 from ..facts import metrics
 from .serving import mgmt_address
+
+log = logging.getLogger("llmgw.replicas")
 
 
 def endpoint_of(node, port):
@@ -25,6 +28,23 @@ def _auth(key):
 def engine_key(conf, replica):
     """Return the API key the replica's engine was started with ("" for none)."""
     return secrets_box.unseal(conf["_root"], replica.engine_key, f"replica {replica.name}")
+
+
+_unreadable = set()  # sealed keys already logged as unreadable
+
+
+def probe_key(conf, replica):
+    """Return the key for probing the replica's engine, or "" when this control plane cannot
+    open it (logged once). /health answers without one; the load probe then cannot say, so a
+    leaving replica waits its grace. The engine is not restarted for it: the control plane that
+    sealed the key still routes to it, and the fix is to copy the key file."""
+    try:
+        return engine_key(conf, replica)
+    except secrets_box.Unreadable as e:
+        if replica.engine_key not in _unreadable:
+            _unreadable.add(replica.engine_key)
+            log.error("%s", e)
+        return ""
 
 
 def healthy(endpoint, key="", timeout=3, tries=2):

@@ -1,10 +1,11 @@
 """Failed logins, counted per account and per address in the database, so every gateway worker
 and control plane holds the same count and a guesser cannot spread its tries across them.
 
-An account or address that fails `login_failures_per_*` times within `login_lockout` seconds is
-refused logins for `login_lockout` seconds from the last failure (0 turns either count off).
-An email with no account is counted like one that has an account: the answers do not tell
-them apart. A successful login clears its account's count, not its address's.
+Every attempt is counted before its password is checked. An account or address whose count
+within `login_lockout` seconds goes past `login_failures_per_*` is refused logins for
+`login_lockout` seconds (0 turns either count off). An email with no account is counted like
+one that has an account: the answers do not tell them apart. A successful login clears its
+account's count and takes itself back from its address's.
 """
 import datetime
 
@@ -24,34 +25,50 @@ def subjects(email, address, conf):
     return out
 
 
-def blocked_for(counted, now=None):
-    """Return the seconds until every count of this attempt lets it try again (0: it may)."""
-    now = now or utcnow()
-    rows = LoginFailure.select().where(LoginFailure.subject.in_(list(counted)),
-                                       LoginFailure.blocked_until > now)
-    return max((int((r.blocked_until - now).total_seconds()) + 1 for r in rows), default=0)
+def attempt(counted, lockout, now=None):
+    """Count this attempt against each subject before its password is checked; return the
+    seconds to wait when one of them is over its limit (0: check the password).
 
-
-def failed(counted, lockout, now=None):
-    """Count one failure against each subject; block those that reached their limit."""
+    Counting first is what makes the limit hold for a burst: guesses sent at once each take
+    their number in the database before any hash is computed, so no more than the limit of
+    them reach one, whatever the concurrency. A block that has run out starts a new count.
+    """
     now = now or utcnow()
     window_start = now - datetime.timedelta(seconds=lockout)
     until = now + datetime.timedelta(seconds=lockout)
+    wait = 0
     with database.atomic():
         for subject, limit in sorted(counted.items()):  # one order: two workers never deadlock
-            stale = LoginFailure.first_at < window_start
+            row = LoginFailure.get_or_none(LoginFailure.subject == subject)
+            if row is not None and row.blocked_until is not None and row.blocked_until > now:
+                wait = max(wait, int((row.blocked_until - now).total_seconds()) + 1)
+                continue
+            fresh = (LoginFailure.first_at < window_start) | (LoginFailure.blocked_until.is_null(False))
             (LoginFailure.insert(subject=subject, failures=1, first_at=now)
              .on_conflict(conflict_target=[LoginFailure.subject], update={
-                 LoginFailure.failures: pw.Case(None, [(stale, 1)], LoginFailure.failures + 1),
-                 LoginFailure.first_at: pw.Case(None, [(stale, now)], LoginFailure.first_at)})
+                 LoginFailure.failures: pw.Case(None, [(fresh, 1)], LoginFailure.failures + 1),
+                 LoginFailure.first_at: pw.Case(None, [(fresh, now)], LoginFailure.first_at),
+                 LoginFailure.blocked_until: None})
              .execute())
-            (LoginFailure.update(blocked_until=until)
-             .where((LoginFailure.subject == subject) & (LoginFailure.failures >= limit)).execute())
+            (count,) = (LoginFailure.select(LoginFailure.failures)
+                        .where(LoginFailure.subject == subject).tuples().get())
+            if count > limit:
+                LoginFailure.update(blocked_until=until).where(LoginFailure.subject == subject).execute()
+                wait = max(wait, lockout)
         prune(now)
+    return wait
 
 
-def succeeded(email):
-    LoginFailure.delete().where(LoginFailure.subject == f"account:{email.strip().lower()}").execute()
+def succeeded(counted):
+    """The password was right: forget the account's count, and take this attempt back from the
+    address's (it was no failure)."""
+    with database.atomic():
+        for subject in counted:
+            if subject.startswith("account:"):
+                LoginFailure.delete().where(LoginFailure.subject == subject).execute()
+            else:
+                LoginFailure.update(failures=LoginFailure.failures - 1).where(
+                    (LoginFailure.subject == subject) & (LoginFailure.failures > 0)).execute()
 
 
 def prune(now=None):

@@ -11,12 +11,12 @@ from .. import secrets_box
 from ..errors import LlmgwError, NodeError
 from ..executors.probes import probe
 from ..facts import ports
-from ..models import EngineInstall, Node, NodeEvent, Replica, utcnow
+from ..models import Endpoint, EngineInstall, Node, NodeEvent, Replica, utcnow
 from ..plans import launch
 from ..plans.placement import free_port
 from ..plans.replica_state import LEAVING, next_step, retry_delay
 from . import logs, weights
-from .engine_http import endpoint_of, engine_key, engine_load, healthy
+from .engine_http import endpoint_of, engine_load, healthy, probe_key
 from .progress import Progress
 from .serving import serve_of
 
@@ -43,7 +43,7 @@ async def check_over_http(rows, conf):
     answered = False
     for r in rows:
         if r.state in ("ready", "unhealthy", "draining") and r.endpoint:
-            ok = await probe(healthy, r.endpoint, engine_key(conf, r))
+            ok = await probe(healthy, r.endpoint, probe_key(conf, r))
             answered = answered or ok
             if ok and r.state == "unhealthy":
                 _set(r, "ready", f"serving on {r.endpoint} (its node is unreachable over SSH)")
@@ -111,6 +111,11 @@ def _still_there(replica):
         # Told to leave since this task read it: its start must not bring it back.
         where &= Replica.state.not_in(LEAVING)
     return where
+
+
+def _anything_sealed():
+    return (Replica.select().where(Replica.engine_key != "").exists()
+            or Endpoint.select().where(Endpoint.api_key != "").exists())
 
 
 def _age(replica):
@@ -196,9 +201,9 @@ class NodeReplicas:
         ok = False
         if is_running:
             replica.endpoint = endpoint_of(self.node, replica.port)
-            ok = await probe(healthy, replica.endpoint, engine_key(self.conf, replica))
+            ok = await probe(healthy, replica.endpoint, probe_key(self.conf, replica))
         if ok:
-            load = await probe(engine_load, replica.endpoint, engine_key(self.conf, replica))
+            load = await probe(engine_load, replica.endpoint, probe_key(self.conf, replica))
             if load != replica.load:
                 replica.load = load
                 replica.save(only=[Replica.load])
@@ -238,7 +243,7 @@ class NodeReplicas:
             _set(replica, "stopping", f"leaving: {successor.name} on {successor.node.name} serves in "
                                       f"its place; stopped once its requests are done")
             return
-        if not is_running or not await probe(healthy, replica.endpoint, engine_key(self.conf, replica)):
+        if not is_running or not await probe(healthy, replica.endpoint, probe_key(self.conf, replica)):
             # Out of routing at once; it is not restarted here, its replacement is coming.
             _set(replica, "stopping", "leaving: its engine stopped serving while it was draining")
 
@@ -274,7 +279,7 @@ class NodeReplicas:
         age = _age(replica)
         if age < settle:
             return None
-        load = await probe(engine_load, replica.endpoint, engine_key(self.conf, replica)) \
+        load = await probe(engine_load, replica.endpoint, probe_key(self.conf, replica)) \
             if replica.endpoint else None
         if age < grace and load != 0:
             return None  # serving requests still, or it cannot say: wait for the grace
@@ -352,7 +357,13 @@ class NodeReplicas:
         """Give the engine about to start a key of its own: stored (sealed) first, so whoever
         finds the engine running can reach it, then written to the node for the engine to read."""
         key = "sk-engine-" + secrets.token_urlsafe(32)
-        sealed = secrets_box.seal(self.conf["_root"], key)
+        root = self.conf["_root"]
+        if not secrets_box.key_path(root).exists() and _anything_sealed():
+            # Keys stored by a control plane whose key file this one lacks: a new file here
+            # would open none of them, and the other gateways could not open what it seals.
+            raise LlmgwError(f"there is no {secrets_box.key_path(root)}, but keys sealed with one "
+                             f"are stored: {secrets_box.COPY_IT}")
+        sealed = secrets_box.seal(root, key)
         if not Replica.update(engine_key=sealed).where(_still_there(replica)).execute():
             raise LlmgwError(f"{replica.name} was moved or removed while it was being started")
         replica.engine_key = sealed

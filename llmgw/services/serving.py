@@ -31,7 +31,9 @@ def listen_host(node):
     """
     if node.transport == "local":
         return "127.0.0.1"
-    if not node.mgmt_interface:
+    if not node.mgmt_interface or "addresses" not in (node.facts or {}):
+        # No interface named, or facts discovered before addresses were recorded (until the
+        # next discovery): every address, and the gateway reaches it at the node's address.
         return "0.0.0.0"
     address = mgmt_address(node)
     if address is None:

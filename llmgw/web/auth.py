@@ -45,7 +45,7 @@ def login():
         email = request.form.get("email", "").strip()
         conf = current_app.config["LLMGW"]
         counted = logins.subjects(email, request.remote_addr, conf)
-        wait = logins.blocked_for(counted)
+        wait = logins.attempt(counted, conf["accounts"]["login_lockout"])
         if wait:
             # Refused before the hash: a guesser gets no answer and costs no CPU.
             flash(f"Too many failed logins for this account or from this address; try again in "
@@ -55,11 +55,10 @@ def login():
         matched = security.check_password(user.password_hash if user else None,
                                           request.form.get("password", ""))
         if matched and user.is_active:
-            logins.succeeded(email)
+            logins.succeeded(counted)
             session.pop("csrf_token", None)  # a new CSRF token for the logged-in session
             login_user(LoginUser(user))
             return redirect(safe_next(request.args.get("next", "")) or url_for("cluster.index"))
-        logins.failed(counted, conf["accounts"]["login_lockout"])
         flash("That email and password do not match an active account.")
     return render_template("login.html"), (401 if request.method == "POST" else 200)
 

@@ -226,6 +226,14 @@ def _send(endpoints, path, data, reservation, routes, g, stream, tap, settle, de
                 return error(e.status, f"The replica did not answer: {e}.", "server_error", e.code,
                              headers=_ids(reservation))
             raise
+        if upstream.status in (401, 403):
+            # The engine refused the key the gateway sent it, never the client's: its key
+            # rotated after this worker read the routes, or the model's own arguments set
+            # another. Not the client's fault; another replica may take it.
+            upstream.finish(False)
+            routes.inflight[endpoint] -= 1
+            last = f"a replica refused the key the gateway gave it ({upstream.status})"
+            continue
         reservation.endpoint = endpoint
         if stream:
             return _relay(upstream, endpoint, routes, reservation, tap, settle, deadline, g)

@@ -91,7 +91,7 @@ class Routes:
         if header is None:
             try:
                 header = "Bearer " + secrets_box.unseal(current_app.config["LLMGW"]["_root"], sealed, what)
-            except secrets_box.Unreadable as e:
+            except secrets_box.Unreadable as e:  # no key file, another one, or a broken one
                 if sealed not in self.unreadable:  # once, not at every read of the routes
                     self.unreadable.add(sealed)
                     log.error("%s", e)
