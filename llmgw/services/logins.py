@@ -39,20 +39,22 @@ def attempt(counted, lockout, now=None):
     wait = 0
     with database.atomic():
         for subject, limit in sorted(counted.items()):  # one order: two workers never deadlock
-            row = LoginFailure.get_or_none(LoginFailure.subject == subject)
-            if row is not None and row.blocked_until is not None and row.blocked_until > now:
-                wait = max(wait, int((row.blocked_until - now).total_seconds()) + 1)
-                continue
-            fresh = (LoginFailure.first_at < window_start) | (LoginFailure.blocked_until.is_null(False))
+            # One statement counts it: concurrent attempts queue on the row (PostgreSQL) or the
+            # database (SQLite), and each reads back the count its own increment made. A block
+            # still running is left as it is; one that has run out starts a new count.
+            expired = LoginFailure.blocked_until <= now
+            fresh = (LoginFailure.first_at < window_start) | expired
             (LoginFailure.insert(subject=subject, failures=1, first_at=now)
              .on_conflict(conflict_target=[LoginFailure.subject], update={
                  LoginFailure.failures: pw.Case(None, [(fresh, 1)], LoginFailure.failures + 1),
                  LoginFailure.first_at: pw.Case(None, [(fresh, now)], LoginFailure.first_at),
-                 LoginFailure.blocked_until: None})
+                 LoginFailure.blocked_until: pw.Case(None, [(expired, None)], LoginFailure.blocked_until)})
              .execute())
-            (count,) = (LoginFailure.select(LoginFailure.failures)
-                        .where(LoginFailure.subject == subject).tuples().get())
-            if count > limit:
+            count, blocked = (LoginFailure.select(LoginFailure.failures, LoginFailure.blocked_until)
+                              .where(LoginFailure.subject == subject).tuples().get())
+            if blocked is not None and blocked > now:
+                wait = max(wait, int((blocked - now).total_seconds()) + 1)
+            elif count > limit:
                 LoginFailure.update(blocked_until=until).where(LoginFailure.subject == subject).execute()
                 wait = max(wait, lockout)
         prune(now)
