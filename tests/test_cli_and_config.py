@@ -142,3 +142,28 @@ def test_out_of_range_and_malformed_settings_stop_every_entry_point_with_one_lin
     out = subprocess.run([sys.executable, "-m", "flask", "--app", "llmgw:create_app", "llmgw", "nodes"],
                          cwd=TOP, env=bad_env, capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "LLMGW_ENGINES_DOWNLOAD_ON_NODE='maybe' is not true or false" in out.stderr
+
+
+def test_a_busy_port_stops_demo_and_serve_with_one_line_before_anything_starts(tmp_path):
+    import socket
+    import subprocess
+    import sys
+    from tests.conftest import TOP
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        addr = f"127.0.0.1:{taken.getsockname()[1]}"
+        flask = [sys.executable, "-m", "flask", "--app", "llmgw:create_app", "llmgw"]
+        demo = subprocess.run([*flask, "demo", "--listen", addr, "--root", str(tmp_path / "d")], cwd=TOP,
+                              env=env, capture_output=True, text=True, timeout=120)
+        assert demo.returncode != 0 and demo.stdout == "", demo.stdout
+        lines = demo.stderr.strip().splitlines()
+        assert len(lines) == 1 and addr in lines[0] and "--listen" in lines[0], lines
+        assert not (tmp_path / "d" / "node").exists()  # nothing was set up, no engine started
+        subprocess.run([*flask, "init", "--listen", addr, "--root", str(tmp_path / "s")], cwd=TOP,
+                       env=env, capture_output=True, check=True, timeout=120)
+        serve = subprocess.run([*flask, "serve", "--root", str(tmp_path / "s")], cwd=TOP, env=env,
+                               capture_output=True, text=True, timeout=120)
+        lines = serve.stderr.strip().splitlines()
+        assert serve.returncode != 0 and len(lines) == 1 and "server.listen in " in lines[0], lines

@@ -7,7 +7,7 @@ from .. import security
 from ..models import Model, User
 from ..services import nodes, tenancy
 from . import conf, llmgw, root_option, run_async
-from .setup import init_steps, serve
+from .setup import init_steps, refuse_busy, serve
 
 
 @llmgw.command("demo")
@@ -18,6 +18,10 @@ from .setup import init_steps, serve
 @click.pass_context
 def demo(ctx, admin, listen, no_serve):
     """Set up a demo cluster: this machine as a local node running a simulated engine."""
+    if not no_serve:  # before anything is set up or printed
+        written = Path(conf()["_path"]).exists()
+        refuse_busy(conf()["server"]["listen"] if written else listen,
+                    f"server.listen in {conf()['_path']}" if written else "--listen")
     click.echo("llmgw demo:")
     # No llama.cpp download without a network: the demo's engine is the built-in simulator.
     init_steps(admin, listen, llamacpp="")

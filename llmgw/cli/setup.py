@@ -2,6 +2,7 @@
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -127,6 +128,27 @@ def reconcile(once):
     reconciler.main(conf(), once=once)
 
 
+def refuse_busy(listen, setting, tries=10):
+    """Stop with one line when something already listens on HOST:PORT: gunicorn would fail
+    there after everything else had started. Like gunicorn, it gives a process that is just
+    going away (a server restarted) a few seconds to let go of it."""
+    host, _, port = listen.rpartition(":")
+    host = host.strip("[]") or "0.0.0.0"
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    for attempt in range(tries):
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gunicorn binds
+            try:
+                s.bind((host, int(port)))
+                return
+            except OSError as e:
+                if attempt + 1 == tries:
+                    raise click.ClickException(
+                        f"{listen} cannot be listened on ({e.strerror}); something else has it: "
+                        f"stop it, or give another address with {setting}") from None
+        time.sleep(0.5)
+
+
 def gunicorn_argv(c):
     return [sys.executable, "-m", "gunicorn", "-c", str(TOP / "deploy" / "gunicorn.conf.py"),
             "--bind", c["server"]["listen"], "--workers", str(c["server"]["workers"]),
@@ -148,6 +170,7 @@ def restart_delay(restarts):
 def serve():
     """Run the web server (gunicorn, gevent workers) and the reconciler side by side."""
     c = conf()
+    refuse_busy(c["server"]["listen"], f"server.listen in {c['_path']}")
     migrate.upgrade(database.obj)
     database.close()
     env = dict(os.environ, LLMGW_ROOT=c["_root"]) if c["_path"] != str(config.SYSTEM_CONFIG) else dict(os.environ)
