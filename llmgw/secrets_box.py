@@ -70,6 +70,21 @@ def seal(root, text):
     return _box(root, create=True).encrypt(text.encode()).decode() if text else ""
 
 
+_said = set()  # sealed values already logged as unreadable by this process
+
+
+def unseal_or_log(root, token, what, log):
+    """Return unseal(...), or None when this control plane cannot open it: logged once per
+    sealed value, not at every pass or every read of the routes."""
+    try:
+        return unseal(root, token, what)
+    except Unreadable as e:
+        if token not in _said:
+            _said.add(token)
+            log.error("%s", e)
+        return None
+
+
 def unseal(root, token, what="the endpoint"):
     if not token:
         return ""

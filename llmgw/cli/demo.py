@@ -19,9 +19,11 @@ from .setup import init_steps, refuse_busy, serve
 def demo(ctx, admin, listen, no_serve):
     """Set up a demo cluster: this machine as a local node running a simulated engine."""
     if not no_serve:  # before anything is set up or printed
-        written = Path(conf()["_path"]).exists()
-        refuse_busy(conf()["server"]["listen"] if written else listen,
-                    f"server.listen in {conf()['_path']}" if written else "--listen")
+        c = conf()
+        if Path(c["_path"]).exists():
+            refuse_busy(c["server"]["listen"], f"server.listen in {c['_path']}")
+        else:
+            refuse_busy(listen, "--listen")
     click.echo("llmgw demo:")
     # No llama.cpp download without a network: the demo's engine is the built-in simulator.
     init_steps(admin, listen, llamacpp="")

@@ -142,9 +142,3 @@ def connected():
     finally:
         if opened:
             database.close()
-
-
-def transaction():
-    """A write transaction: it takes its lock up front on SQLite (see db._Sqlite) and row by row
-    on PostgreSQL."""
-    return database.atomic()

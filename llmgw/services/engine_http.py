@@ -30,21 +30,13 @@ def engine_key(conf, replica):
     return secrets_box.unseal(conf["_root"], replica.engine_key, f"replica {replica.name}")
 
 
-_unreadable = set()  # sealed keys already logged as unreadable
-
-
 def probe_key(conf, replica):
     """Return the key for probing the replica's engine, or "" when this control plane cannot
     open it (logged once). /health answers without one; the load probe then cannot say, so a
     leaving replica waits its grace. The engine is not restarted for it: the control plane that
     sealed the key still routes to it, and the fix is to copy the key file."""
-    try:
-        return engine_key(conf, replica)
-    except secrets_box.Unreadable as e:
-        if replica.engine_key not in _unreadable:
-            _unreadable.add(replica.engine_key)
-            log.error("%s", e)
-        return ""
+    return secrets_box.unseal_or_log(conf["_root"], replica.engine_key, f"replica {replica.name}",
+                                     log) or ""
 
 
 def healthy(endpoint, key="", timeout=3, tries=2):

@@ -130,7 +130,7 @@ class Ledger:
             granted = []  # what this attempt's transaction grants (nothing if it rolls back)
             try:
                 self.ensure_registered()
-                with counting.connected(), counting.transaction():
+                with counting.connected(), database.atomic():
                     self.own_row()
                     for n in sorted(needs, key=lambda n: n.key):
                         room, row, held = locked_room(n)
@@ -263,7 +263,7 @@ class Ledger:
             # A forked child: its parent's slices and requests are not its own.
             self.slices, self.inflight = {}, {}
         worker = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        with counting.connected(), counting.transaction():
+        with counting.connected(), database.atomic():
             GatewayWorker.create(id=worker, host=socket.gethostname(), pid=os.getpid(),
                                  started=utcnow(), beat=utcnow(), inflight=[])
         self.worker, self.pid = worker, os.getpid()
@@ -292,7 +292,7 @@ class Ledger:
         self.ensure_registered()
         snapshot = self.snapshot()
         try:
-            with counting.connected(), counting.transaction():
+            with counting.connected(), database.atomic():
                 self.own_row()
                 GatewayWorker.update(inflight=snapshot).where(GatewayWorker.id == self.worker).execute()
         except WorkerLost:
@@ -322,7 +322,7 @@ class Ledger:
         """At a clean exit with nothing held: remove this worker's row."""
         if self.worker is None or self.pid != os.getpid() or self.inflight:
             return
-        with counting.connected(), counting.transaction():
+        with counting.connected(), database.atomic():
             if not Lease.select().where(Lease.worker == self.worker, Lease.amount > 0).exists():
                 Lease.delete().where(Lease.worker == self.worker).execute()
                 GatewayWorker.delete().where(GatewayWorker.id == self.worker).execute()

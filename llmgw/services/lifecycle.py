@@ -47,8 +47,6 @@ def drain(node, timeout, who="the CLI"):
             f"drained. A replica no other node can run stays and serves, and says why.")
 
 
-
-
 class LostWatch:
     """Declares a node lost once neither SSH nor its engines answered for node_lost_after.
 

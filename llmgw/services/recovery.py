@@ -32,7 +32,7 @@ def recover_dead(dead_after):
 
 def recover(worker_id, cutoff):
     """Recover one worker if its beat is still older than cutoff; return 1 if it was."""
-    with counting.connected(), counting.transaction():
+    with counting.connected(), database.atomic():
         query = GatewayWorker.select().where(GatewayWorker.id == worker_id, GatewayWorker.beat < cutoff)
         if not isinstance(database.obj, peewee.SqliteDatabase):
             query = query.for_update()  # after a live worker's own lock, its beat is fresh again

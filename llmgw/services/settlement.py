@@ -21,7 +21,7 @@ import time
 import peewee
 from peewee import fn
 
-from ..models import Counter, utcnow
+from ..models import Counter, database, utcnow
 from ..plans import quota
 from . import counting, recovery
 from .leases import BEAT_SECONDS, Ledger, WorkerLost
@@ -272,7 +272,7 @@ class Settlement:
             changes.refused(key_id, kind, day, n)
         if not rows and changes.empty():
             return False
-        with counting.connected(), counting.transaction():
+        with counting.connected(), database.atomic():
             if taken:
                 self.ledger.own_row()  # first: the order recovery locks rows in
             changes.apply()

@@ -36,7 +36,6 @@ class Routes:
         self.models = {}
         self.auth = {}
         self.opened = {}  # sealed key -> its Authorization header: decrypted once, not each read
-        self.unreadable = set()  # sealed keys this control plane's key file cannot open
         self.load = {}
         self.inflight = {}
         self.turn = itertools.count()
@@ -89,14 +88,10 @@ class Routes:
             return True
         header = self.opened.get(sealed)
         if header is None:
-            try:
-                header = "Bearer " + secrets_box.unseal(current_app.config["LLMGW"]["_root"], sealed, what)
-            except secrets_box.Unreadable as e:  # no key file, another one, or a broken one
-                if sealed not in self.unreadable:  # once, not at every read of the routes
-                    self.unreadable.add(sealed)
-                    log.error("%s", e)
+            key = secrets_box.unseal_or_log(current_app.config["LLMGW"]["_root"], sealed, what, log)
+            if key is None:  # no key file, another one, or a broken one
                 return False
-            self.opened[sealed] = header
+            header = self.opened[sealed] = "Bearer " + key
         auth[url] = header
         return True
 
