@@ -10,6 +10,10 @@ except _ConfigError as _e:
     # One line naming the value and the fix, not gunicorn's traceback of this file.
     print(f"llmgw: {_e}", file=_sys.stderr)
     raise SystemExit(2) from None
+# Every worker's metrics go to files in one directory (prometheus-client's multiprocess mode),
+# emptied now, before any worker starts; /metrics adds them up.
+from llmgw import metrics as _metrics  # noqa: E402
+_metrics.start_process(_conf, "web")
 bind = _conf["server"]["listen"]
 workers = _conf["server"]["workers"]
 # gevent's worker, answering what gunicorn's parser refuses in OpenAI's JSON error shape.
@@ -34,9 +38,21 @@ control_socket_disable = True
 accesslog = _conf["server"]["access_log"] or None
 
 
+def when_ready(server):
+    """Ctrl-C stops gunicorn gracefully, as SIGTERM does (gunicorn's own SIGINT is a quick
+    exit that does not wait for the workers' requests)."""
+    server.handle_int = server.handle_term
+
+
 def post_worker_init(worker):
     """Start the worker's settlement thread at once and for its whole life: it settles, gives
     back leased slices, beats, and recovers dead workers even while no request comes."""
     from llmgw.web.relay import start_resident, watch_shutdown
     start_resident(worker.wsgi)
     watch_shutdown(worker, _conf["gateway"]["shutdown_grace"])
+
+
+def child_exit(server, worker):
+    """A worker's gauges (requests in flight) leave the sum when it exits; its counters stay."""
+    from prometheus_client import multiprocess
+    multiprocess.mark_process_dead(worker.pid)

@@ -82,6 +82,10 @@ DEFAULTS = {
         "route_cache_seconds": 2,
         "engine_liveness": 10,
     },
+    "metrics": {
+        "token": "",
+        "dir": "",
+    },
 }
 
 
@@ -246,7 +250,7 @@ def _fill_paths(conf, data):
         conf["server"]["public_url"] = f"http://{conf['server']['listen']}"
 
 
-def render_initial(listen, secret_key, llamacpp=DEFAULT_LLAMACPP):
+def render_initial(listen, secret_key, llamacpp=DEFAULT_LLAMACPP, metrics_token=""):
     """Return the text of a new server.toml, with every section present and commented."""
     return f"""# llmgw control plane configuration. Every key is described in docs/reference.md.
 # Environment variables LLMGW_<SECTION>_<KEY> override what is written here.
@@ -265,4 +269,8 @@ llamacpp = "{llamacpp}"
 
 [reconciler]
 interval = 5
+
+[metrics]
+# The bearer token a Prometheus scraper sends to GET /metrics; "" turns /metrics off.
+token = "{metrics_token}"
 """

@@ -7,6 +7,7 @@ writes that page through `gunicorn.util.write_error` (called as `util.write_erro
 worker's `handle_error`), which this worker replaces in its own process when it starts.
 """
 import json
+import signal
 
 from gunicorn import util
 from gunicorn.workers.ggevent import GeventWorker
@@ -29,3 +30,10 @@ class Worker(GeventWorker):
     def init_process(self):
         util.write_error = write_json_error
         super().init_process()
+
+    def init_signals(self):
+        """SIGINT (Ctrl-C in the terminal, which reaches every process of the group) stops the
+        worker as SIGTERM does: its requests get gateway.shutdown_grace and its exit settles
+        them. gunicorn's own SIGINT is a quick exit, which cut that exit short with a traceback."""
+        super().init_signals()
+        signal.signal(signal.SIGINT, self.handle_exit)

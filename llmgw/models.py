@@ -194,6 +194,17 @@ class NodeEvent(Base):
     text = pw.TextField()
 
 
+class NodeCommand(Base):
+    """A command the control plane ran on a node: exit status None when it did not finish."""
+
+    node = pw.ForeignKeyField(Node, backref="commands", on_delete="CASCADE")
+    created = pw.DateTimeField(default=utcnow)
+    command = pw.TextField()
+    exit_status = pw.IntegerField(null=True)
+    seconds = pw.FloatField(default=0)
+    error = pw.TextField(default="")
+
+
 class EngineInstall(Base):
     node = pw.ForeignKeyField(Node, backref="installs", on_delete="CASCADE")
     engine = pw.TextField()

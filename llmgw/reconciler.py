@@ -13,11 +13,12 @@ import signal
 import time
 
 from . import db as dbmod
+from . import metrics
 from . import leader
 from .errors import HostKeyMismatch, LlmgwError
 from .executors.release import ReleaseCache
 from .models import EngineInstall, LogRequest, Model, Node, Replica, database, utcnow
-from .services import catalog, collect, endpoints, lifecycle, logs, nodes, placing
+from .services import catalog, collect, command_log, endpoints, lifecycle, logs, nodes, placing
 from .services.install import Installer, converge_probed
 from .services.replicas import NodeReplicas, check_over_http, units_on
 from .plans.launch import supervisor_for
@@ -45,6 +46,7 @@ class Reconciler:
         self.gpus_checked = {}  # node id -> when nvidia-smi was last asked
         self.collected = {}  # node id -> when its unused weights were last looked for
         self.lost = lifecycle.LostWatch(conf["reconciler"]["node_lost_after"])
+        command_log.recording = True  # the node page shows what this process runs on nodes
         e = conf["engines"]
         self.releases = ReleaseCache(e["cache"], e["github_api"], e["github_download"])
 
@@ -112,6 +114,10 @@ class Reconciler:
                 lifecycle.distrust(node)
             else:
                 self._spawn(("http-health", node.id), self._http_health(node))
+        try:
+            command_log.flush()
+        except Exception as e:  # the next pass writes them; nothing depends on it
+            log.warning("writing the node command log failed: %s", e)
 
     async def _http_health(self, node):
         if await check_over_http(list(node.replicas), self.conf):
@@ -262,9 +268,12 @@ class Reconciler:
                 # A pass is cut short when told to stop: a reconciler that lost the lead must
                 # not go on placing replicas while its successor does.
                 this_pass = asyncio.create_task(self.pass_once())
+                began = time.monotonic()
                 await asyncio.wait({this_pass, stopped}, return_when=asyncio.FIRST_COMPLETED)
                 if not this_pass.done():
                     this_pass.cancel()
+                else:
+                    metrics.PASS().observe(time.monotonic() - began)
                 await asyncio.gather(this_pass, return_exceptions=True)
                 if not this_pass.cancelled() and this_pass.exception() is not None:
                     # one bad pass must not end the process

@@ -23,3 +23,19 @@ def test_every_command_is_documented(app):
     assert len(names) > 30
     missing = [n for n in names if f"`{n}" not in REFERENCE]
     assert missing == []
+
+
+def test_every_metric_is_documented_and_the_dashboard_asks_only_for_those():
+    import json
+    import re
+    from llmgw import metrics
+    from llmgw.services import cluster_metrics
+    made = {f.name + ("_total" if f.kind == "Counter" else "") for f in vars(metrics).values()
+            if isinstance(f, metrics._Family)}
+    made |= {fam.name for fam in cluster_metrics.families([], {}, {}, {})}
+    documented = set(re.findall(r"`(llmgw_[a-z_]+)`", REFERENCE.split("## Metrics")[1].split("\n## ")[0]))
+    assert made and made == documented
+    dashboard = json.loads((Path(__file__).resolve().parent.parent / "deploy" / "grafana-dashboard.json").read_text())
+    asked = {re.sub(r"_(bucket|count|sum)$", "", name) for panel in dashboard["panels"]
+             for target in panel["targets"] for name in re.findall(r"llmgw_[a-z_]+", target["expr"])}
+    assert asked <= made, asked - made

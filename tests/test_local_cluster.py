@@ -1,6 +1,7 @@
 """The whole path on one machine without root: a local node, the simulated engine, the gateway."""
 import asyncio
 import json
+import re
 import time
 
 import pytest
@@ -65,7 +66,7 @@ def test_the_log_pane_is_answered_by_the_reconciler(cluster, client, auth):
     page = client.get("/nodes/local")
     assert page.status_code == 200 and b"logpane" in page.data
     assert not LogRequest.select().exists()  # a GET changes nothing: the pane asks by POST
-    assert b"""hx-vals='{"source": "demo-0"}'""" in page.data
+    assert b"""hx-vals='{"lines": 300, "probes": "0", "source": "demo-0"}'""" in page.data
     token = page.get_data(as_text=True).split('"X-CSRFToken": "')[1].split('"')[0]
     csrf = {"X-CSRFToken": token}
     assert client.post("/nodes/local/logs", data={"source": "demo-0"}).status_code == 400  # no token
@@ -80,6 +81,8 @@ def test_the_log_pane_is_answered_by_the_reconciler(cluster, client, auth):
     assert lines.status_code == 200
     assert b"sim: serving demo" in lines.data
     assert b"hx-post=\"/nodes/local/logs/" in lines.data
+    # A log file's lines carry no time: the first read's are stamped "at or before" it.
+    assert re.search(rb'<span class="ts">\xe2\x89\xa4\d{4}-\d\d-\d\d \d\d:\d\d:\d\d</span> sim: serving demo', lines.data)
 
 
 def test_a_model_without_a_ready_replica_is_a_503_with_the_reason(app, client):

@@ -96,3 +96,19 @@ def test_two_rows_filling_one_slot_keep_the_newest_generation(fleet, cli, tiny):
                    state="ready")
     place_now()
     assert {n: s for n, (_, s) in rows().items()} == {"c-0": "stopping", "c-0-g3": "ready"}
+
+
+def test_a_model_that_cannot_be_placed_is_logged_once_per_change_not_once_per_pass(fleet, cli, tiny, caplog):
+    import logging
+    cli("model", "add", "huge", "--file", tiny, "--gpus", "1", "--gpu-class", "h100-80g", "--replicas", "9")
+    with caplog.at_level(logging.WARNING, logger="llmgw.placing"):
+        for _ in range(5):
+            place_now()
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("model huge:")]
+    assert len(said) == 1, said
+    cli("model", "set", "huge", "--replicas", "10")
+    with caplog.at_level(logging.WARNING, logger="llmgw.placing"):
+        for _ in range(3):
+            place_now()
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("model huge:")]
+    assert len(said) == 2, said

@@ -92,8 +92,17 @@ def test_a_non_admin_gets_403_on_admin_pages(client, app):
     from llmgw.models import User
     User.create(email="user@example.com", password_hash=security.hash_password("pw-123456"))
     Auth(client).login("user@example.com", "pw-123456")
-    assert client.get("/").status_code == 403
-    assert client.get("/nodes/x").status_code == 403
+    home = client.get("/")
+    assert home.status_code == 302 and home.headers["Location"] == "/home"  # their own page
+    assert client.get("/home").status_code == 200
+    for path in ("/nodes/x", "/admin/keys", "/admin/users", "/quotas"):
+        page = client.get(path)
+        assert page.status_code == 403, path
+        text = page.get_data(as_text=True)
+        # A page of the site: its navigation, why, and the way home.
+        assert "This page is for administrators." in text and 'href="/home"' in text, path
+    missing = client.get("/no/such/page")
+    assert missing.status_code == 404 and 'href="/home"' in missing.get_data(as_text=True)
 
 
 def test_wrong_methods_under_v1_answer_in_openai_shape(client):

@@ -16,7 +16,7 @@ class _Commands(AppGroup):
     but runs no command, never imports them."""
 
     def _load(self):
-        from . import cluster, demo, keys, limits, mirror, models, setup, users  # noqa: F401  (they add their commands)
+        from . import cluster, demo, keys, limits, mirror, models, setup, status, users  # noqa: F401  (they add their commands)
 
     def get_command(self, ctx, name):
         self._load()
@@ -82,6 +82,38 @@ def run_async(coro):
 
 def echo_json(obj):
     click.echo(json.dumps(obj, indent=2, default=str))
+
+
+def table(rows, columns, empty):
+    """Print rows under a header. columns: [(HEADER, function of a row)]; the last column is
+    not padded. `empty` is printed instead when there are no rows: it says what would fill
+    the list and how."""
+    if not rows:
+        click.echo(empty)
+        return
+    cells = [[h for h, _ in columns]] + [[_cell(get(r)) for _, get in columns] for r in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    for line in cells:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(line[:-1], widths)) + "  " + line[-1]
+                   if len(line) > 1 else line[0])
+
+
+def _cell(value):
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(map(str, value)) or "-"
+    if hasattr(value, "strftime"):
+        return value.strftime("%Y-%m-%d %H:%M")
+    return str(value)
+
+
+def main():
+    """The `llmgw` console script: `llmgw COMMAND …` is `flask --app llmgw:create_app llmgw
+    COMMAND …`, from any directory."""
+    from flask.cli import ScriptInfo
+    from .. import create_app
+    llmgw.main(prog_name="llmgw", obj=ScriptInfo(create_app=create_app))
 
 
 def register(app):

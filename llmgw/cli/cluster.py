@@ -1,4 +1,5 @@
 """`flask llmgw add-node | remove-node | discover | engine-check | nodes | logs | endpoint`."""
+import asyncio
 import datetime
 import os
 
@@ -11,7 +12,7 @@ from ..plans.nodespec import parse_duration
 from ..services import logs as logsvc
 from ..services import cards, collect, endpoints, install, lifecycle, nodes
 from ..plans.sizing import human_bytes
-from . import conf, echo_json, llmgw, root_option, run_async
+from . import conf, echo_json, llmgw, root_option, run_async, table
 
 
 @llmgw.command("add-node")
@@ -213,6 +214,10 @@ def list_nodes(as_json):
                                   "load": r.load, "detail": r.detail} for r in n.replicas]})
     if as_json:
         return echo_json(out)
+    if not out:
+        click.echo("no nodes yet: `llmgw add-node NAME --addr HOST` adds one")
+        return
+    click.echo(f"{'NODE':<16} {'STATE':<9} ADDRESS  REACHABLE")
     for n in out:
         click.echo(f"{n['name']:<16} {n['state']:<9} {n['addr']}:{n['port']}  "
                    f"{'reachable' if n['reachable'] else 'UNREACHABLE ' + n['last_error']}")
@@ -226,12 +231,16 @@ def list_nodes(as_json):
             click.echo(f"    replica {r['name']}: {r['state']}  {r['detail']}")
 
 
+FOLLOW_SECONDS = 1
+
+
 @llmgw.command("logs")
 @click.argument("node_name", metavar="NODE")
 @click.option("--source", default="", help="A replica on the node (default: every replica there).")
 @click.option("-n", "lines", default=50, show_default=True, type=click.IntRange(1, 100000))
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines as they come (Ctrl-C stops).")
 @root_option
-def logs(node_name, source, lines):
+def logs(node_name, source, lines, follow):
     """Print the newest log lines of a node's engines (journald, or the fallback's log file)."""
     node = _node(node_name)
     reps = list(Replica.select().where(Replica.node == node).order_by(Replica.name))
@@ -243,17 +252,28 @@ def logs(node_name, source, lines):
         raise LlmgwError(f"{node_name} runs no engine yet, so there are no logs to show.")
     t = nodes.transport_for(node, conf())
 
+    sup = supervisor_for(node.facts or {})
+
     async def read_all():
+        cursors = {}
         try:
-            sup = supervisor_for(node.facts or {})
-            return [(r, (await logsvc.read(t, r.supervisor or sup, node.base_dir, r.unit, lines))[0])
-                    for r in reps]
+            while True:
+                for r in reps:
+                    got, cursors[r.name] = await logsvc.read(t, r.supervisor or sup, node.base_dir, r.unit,
+                                                             lines if r.name not in cursors else 10000,
+                                                             cursors.get(r.name, ""))
+                    for line in got:
+                        prefix = f"{line['ts']} " if line["ts"] else ""
+                        click.echo(f"{r.unit}: {prefix}{line['text']}")
+                if not follow:
+                    return
+                await asyncio.sleep(FOLLOW_SECONDS)
         finally:
             await t.close()
-    for replica, got in run_async(read_all()):
-        for line in got:
-            prefix = f"{line['ts']} " if line["ts"] else ""
-            click.echo(f"{replica.unit}: {prefix}{line['text']}")
+    try:
+        run_async(read_all())
+    except KeyboardInterrupt:
+        pass  # --follow ends with Ctrl-C: no traceback
 
 
 
@@ -285,5 +305,16 @@ def endpoint_list(as_json):
             for e in Endpoint.select().order_by(Endpoint.name)]
     if as_json:
         return echo_json(rows)
-    for r in rows:
-        click.echo(f"{r['name']:<16} {r['state']:<12} {r['url']}  {', '.join(r['models'])}  {r['detail']}")
+    table(rows, [("ENDPOINT", lambda r: r["name"]), ("STATE", lambda r: r["state"]), ("URL", lambda r: r["url"]),
+                 ("MODELS", lambda r: r["models"]), ("DETAIL", lambda r: r["detail"])],
+          "no endpoints: `llmgw endpoint add NAME --url URL --model M` routes to a server llmgw does not run")
+
+
+@endpoint.command("remove")
+@click.argument("name")
+@root_option
+def endpoint_remove(name):
+    """Forget an external endpoint; the gateway stops routing to it within seconds."""
+    row = endpoints.remove(name)
+    click.echo(f"removed endpoint {row.name} ({row.url}); its models {', '.join(row.models)} are no "
+               f"longer routed there")

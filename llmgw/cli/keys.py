@@ -1,9 +1,8 @@
 """`flask llmgw keys create|list|revoke`."""
 import click
 
-from ..models import ApiKey, Project
 from ..services import tenancy
-from . import echo_json, llmgw, root_option
+from . import echo_json, llmgw, root_option, table
 
 
 @llmgw.group("keys")
@@ -26,17 +25,19 @@ def create(project, name, models, expires_days):
 
 
 @keys.command("list")
+@click.option("--project", default="", help="Only this project's keys.")
 @click.option("--json", "as_json", is_flag=True)
 @root_option
-def list_keys(as_json):
-    """List API keys (prefixes only)."""
-    rows = [{"prefix": k.prefix, "project": k.project.name, "name": k.name, "created": k.created,
-             "revoked": k.revoked} for k in ApiKey.select().join(Project).order_by(ApiKey.id)]
+def list_keys(project, as_json):
+    """List API keys (their starts only): project, models, expiry, last use, state."""
+    rows = tenancy.key_views(project or None)
     if as_json:
         return echo_json(rows)
-    for r in rows:
-        state = "revoked" if r["revoked"] else "live"
-        click.echo(f"{r['prefix']}…  {r['project']:<16} {state:<8} {r['name']}")
+    table(rows, [("KEY", lambda r: r["prefix"] + "…"), ("PROJECT", lambda r: r["project"]),
+                 ("NAME", lambda r: r["name"]), ("MODELS", lambda r: r["models"] or "all"),
+                 ("EXPIRES", lambda r: r["expires"] or "never"), ("LAST USED", lambda r: r["last_used"] or "never"),
+                 ("STATE", lambda r: r["state"])],
+          "no keys" + (f" in project {project}" if project else "") + ": `llmgw keys create --project P`")
 
 
 @keys.command("revoke")

@@ -3,11 +3,12 @@ import click
 import peewee
 
 from ..errors import LlmgwError
-from ..models import ApiKey, LimitRule, Org, Price, Project, Team, Usage, utcnow
+from ..models import LimitRule, Price, Project, Usage, utcnow
 from ..plans import money
 from ..plans.quota import PERIODS
+from ..services import limits as limits_service
 from ..services import quota
-from . import echo_json, llmgw, root_option
+from . import conf, echo_json, llmgw, root_option, table
 
 
 class Money(click.ParamType):
@@ -25,22 +26,14 @@ class Money(click.ParamType):
 
 
 MONEY = Money()
-
-SCOPE_MODELS = {"key": (ApiKey, ApiKey.prefix), "project": (Project, Project.name),
-                "team": (Team, Team.name), "org": (Org, Org.name)}
+SCOPE_MODELS = limits_service.SCOPES
 
 
 def _scope(options):
     given = [(kind, value) for kind, value in options.items() if value]
     if len(given) != 1:
         raise LlmgwError("name exactly one scope: --key PREFIX, --project NAME, --team NAME or --org NAME.")
-    kind, value = given[0]
-    model, column = SCOPE_MODELS[kind]
-    row = model.get_or_none(column == value.rstrip("…"))
-    if row is None:
-        raise LlmgwError(f"no {kind} {value!r}; `flask llmgw keys list` shows keys, and "
-                         f"projects, teams and orgs are named as created.")
-    return kind, row
+    return given[0]
 
 
 def scope_options(f):
@@ -63,15 +56,9 @@ def limits():
 @root_option
 def set_limits(key, project, team, org, rpm, tpm, budget, period):
     """Set limits on one scope; options not given keep their value."""
-    kind, row = _scope({"key": key, "project": project, "team": team, "org": org})
-    rule, _ = LimitRule.get_or_create(scope_kind=kind, scope_id=row.id)
-    for name, value in (("rpm", rpm), ("tpm", tpm), ("budget", budget), ("period", period)):
-        if value is not None:
-            setattr(rule, name, value if name == "period" else (value or None))
-    rule.save()
-    click.echo(f"{kind} {key or project or team or org}: rpm {rule.rpm or 'none'}, "
-               f"tpm {rule.tpm or 'none'}, budget "
-               f"{money.show(rule.budget) if rule.budget else 'none'} per {rule.period}")
+    kind, name = _scope({"key": key, "project": project, "team": team, "org": org})
+    rule = limits_service.set_limits(kind, name, rpm=rpm, tpm=tpm, budget=budget, period=period)
+    click.echo(f"{kind} {name}: {limits_service.describe(rule)}")
 
 
 @limits.command("show")
@@ -91,12 +78,14 @@ def show_limits(as_json):
                "completion_per_1k": money.as_number(p.completion_per_1k)} for p in Price.select()]
     if as_json:
         return echo_json({"limits": rows, "prices": prices})
-    for r in rows:
-        click.echo(f"{r['scope']:<8} {r['name']:<20} rpm {r['rpm'] or '-':<6} tpm {r['tpm'] or '-':<8} "
-                   f"budget {r['budget'] or '-'} per {r['period']}")
-    for p in prices:
-        click.echo(f"price    {p['model']:<20} {p['prompt_per_1k']:.6f} / {p['completion_per_1k']:.6f} "
-                   f"per 1k tokens")
+    table(rows, [("SCOPE", lambda r: r["scope"]), ("NAME", lambda r: r["name"]), ("RPM", lambda r: r["rpm"]),
+                 ("TPM", lambda r: r["tpm"]), ("BUDGET", lambda r: r["budget"]),
+                 ("PERIOD", lambda r: r["period"])],
+          "no limits set: requests are limited only by limits.default_* in the config "
+          "(`llmgw limits set --project P --rpm N` sets one)")
+    if prices:
+        click.echo("")
+        _prices_table(prices)
     if not prices:
         click.echo("no model has a price: budgets bind only if prices.default_* are set in the config")
 
@@ -118,6 +107,30 @@ def set_price(model, prompt, completion):
         update={Price.prompt_per_1k: prompt, Price.completion_per_1k: completion}).execute()
     click.echo(f"{model}: {money.show(prompt)} per 1k prompt tokens, {money.show(completion)} per 1k "
                f"completion tokens")
+
+
+@prices.command("list")
+@click.option("--json", "as_json", is_flag=True)
+@root_option
+def list_prices(as_json):
+    """List each model's price, and the default for models without one."""
+    c = conf()["prices"]
+    rows = [{"model": p.model, "prompt_per_1k": money.as_number(p.prompt_per_1k),
+             "completion_per_1k": money.as_number(p.completion_per_1k)}
+            for p in Price.select().order_by(Price.model)]
+    default = {"prompt_per_1k": money.as_number(c["default_prompt_per_1k_micros"]),
+               "completion_per_1k": money.as_number(c["default_completion_per_1k_micros"])}
+    if as_json:
+        return echo_json({"prices": rows, "default": default})
+    _prices_table(rows)
+    click.echo(f"other models: {default['prompt_per_1k']:.6f} / {default['completion_per_1k']:.6f} per 1k "
+               f"tokens (prices.default_prompt_per_1k / default_completion_per_1k)")
+
+
+def _prices_table(rows):
+    table(rows, [("MODEL", lambda r: r["model"]), ("PROMPT PER 1K", lambda r: f"{r['prompt_per_1k']:.6f}"),
+                 ("COMPLETION PER 1K", lambda r: f"{r['completion_per_1k']:.6f}")],
+          "no model has a price of its own (`llmgw prices set MODEL --prompt X --completion Y`)")
 
 
 @llmgw.command("usage")
@@ -142,11 +155,12 @@ def usage(project, days, as_json):
     refused = quota.refusals(row, since)
     if as_json:
         return echo_json({"models": rows, "refused": refused})
-    for r in rows:
-        click.echo(f"{r['model']:<24} {r['requests']:>7} requests {r['prompt']:>10} prompt "
-                   f"{r['completion']:>10} completion tokens  {r['cost']:.6f}")
-    if not rows:
-        click.echo(f"no requests from {project} in the last {days} days")
-    for r in refused:
-        click.echo(f"refused  {r['day']} key {r['key']:<16} {r['requests']:>6} x 429 ({r['type']})")
+    table(rows, [("MODEL", lambda r: r["model"]), ("REQUESTS", lambda r: r["requests"]),
+                 ("PROMPT TOKENS", lambda r: r["prompt"]), ("COMPLETION TOKENS", lambda r: r["completion"]),
+                 ("SPEND", lambda r: f"{r['cost']:.6f}")],
+          f"no requests from {project} in the last {days} days")
+    if refused:
+        click.echo("")
+        table(refused, [("REFUSED ON", lambda r: r["day"]), ("KEY", lambda r: r["key"]),
+                        ("429s", lambda r: r["requests"]), ("WHAT RAN OUT", lambda r: r["type"])], "")
 

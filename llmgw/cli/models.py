@@ -56,38 +56,6 @@ def _options(for_set):
     return apply
 
 
-def _changes(given, for_set):
-    """Turn the flags that were given into ModelSpec fields (sizes parsed, lists as tuples)."""
-    out = {}
-    try:
-        for key, value in given.items():
-            if value is None or (for_set and key in ("args", "fallbacks", "requires") and not value):
-                continue
-            if key == "gpu_class":
-                out["gpu_classes"] = modelspec.parse_classes(value)
-            elif key == "min_gpu_memory":
-                out["min_gpu_memory_mb"] = modelspec.parse_size(value, "--min-gpu-memory")
-            elif key == "memory":
-                out["memory_mb"] = modelspec.parse_size(value, "--memory")
-            elif key == "requires":
-                out["requires"] = modelspec.parse_requires(value)
-            elif key in ("args", "fallbacks"):
-                out[key] = tuple(value)
-            elif key == "sha256":
-                out[key] = value.strip().lower()
-            elif key == "node_path":
-                if value:
-                    if given.get("source"):
-                        raise SpecError("give --file (copied to the nodes) or --node-path (already "
-                                        "there), not both.")
-                    out.update(source=value, on_nodes=True)
-            elif key not in out:
-                out[key] = value
-    except SpecError as e:
-        raise LlmgwError(str(e)) from e
-    return out
-
-
 @llmgw.group("model")
 def model():
     """The model catalog: what each model serves from and what it needs."""
@@ -100,7 +68,7 @@ def model():
 def model_add(name, **given):
     """Add a model (or replace all of one's settings); the reconciler places its replicas."""
     try:
-        spec = ModelSpec(name=name, **_changes(given, for_set=False))
+        spec = ModelSpec(name=name, **modelspec.changes_from_flags(given, for_set=False))
     except SpecError as e:
         raise LlmgwError(str(e)) from e
     row, created, warnings = catalog.add(spec, conf())
@@ -119,7 +87,10 @@ def model_set(name, no_args, no_fallbacks, no_require, **given):
                                     ("--no-require", no_require and given["requires"])) if given_too]
     if clash:
         raise LlmgwError(f"{clash[0]} removes what the same command also sets; give one of the two.")
-    changes = _changes(given, for_set=True)
+    try:
+        changes = modelspec.changes_from_flags(given, for_set=True)
+    except SpecError as e:
+        raise LlmgwError(str(e)) from e
     changes.update({k: v for k, v in (("args", ()), ("fallbacks", ()), ("requires", {}))
                     if {"args": no_args, "fallbacks": no_fallbacks, "requires": no_require}[k]})
     if not changes:

@@ -35,7 +35,8 @@ def init_steps(admin, listen, llamacpp=config.DEFAULT_LLAMACPP):
         step("config", f"kept {path}")
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(config.render_initial(listen, secrets.token_urlsafe(32), llamacpp))
+        path.write_text(config.render_initial(listen, secrets.token_urlsafe(32), llamacpp,
+                                               metrics_token=secrets.token_urlsafe(24)))
         path.chmod(0o600)
         step("config", f"wrote {path}")
         c = reconfigure(current_app, None if path.parent == config.SYSTEM_CONFIG.parent else str(root))
@@ -120,6 +121,8 @@ def _wait_health(url, timeout=60):
 @root_option
 def reconcile(once):
     """Run the reconciler: converge every node on the wanted state."""
+    from .. import metrics
+    metrics.start_process(conf(), "reconciler")  # before prometheus_client is imported
     from .. import reconciler
     import logging
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")

@@ -3,7 +3,7 @@ import click
 
 from ..models import Membership, Org, Project, Team, User
 from ..services import tenancy
-from . import echo_json, llmgw, root_option
+from . import echo_json, llmgw, root_option, table
 
 
 @llmgw.group("users")
@@ -51,6 +51,30 @@ def demote(email):
     click.echo(f"{email} is no longer an administrator")
 
 
+@users.command("reset-password")
+@click.argument("email")
+@root_option
+def reset_password(email):
+    """Give an account a new password (printed once), log it out everywhere and lift a login
+    block on it."""
+    password = tenancy.reset_password(email)
+    click.echo(f"{email}: new password {password} (shown once); its sessions have ended and "
+               f"failed logins are forgotten")
+
+
+@users.command("delete")
+@click.argument("email")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@root_option
+def delete(email, yes):
+    """Delete an account; the keys it made are revoked, its usage history stays."""
+    tenancy.find_user(email)
+    if not yes:
+        click.confirm(f"Delete {email} and revoke the keys it made?", abort=True)
+    revoked = tenancy.delete_user(email)
+    click.echo(f"deleted {email}" + (f"; revoked {revoked} of its keys" if revoked else ""))
+
+
 @users.command("list")
 @click.option("--json", "as_json", is_flag=True)
 @root_option
@@ -62,9 +86,9 @@ def list_users(as_json):
             for u in User.select().order_by(User.email)]
     if as_json:
         return echo_json(rows)
-    for r in rows:
-        click.echo(f"{r['email']:<32} {'admin' if r['admin'] else 'user':<6} {r['state']:<22} "
-                   f"{', '.join(r['projects'])}")
+    table(rows, [("EMAIL", lambda r: r["email"]), ("ROLE", lambda r: "admin" if r["admin"] else "user"),
+                 ("STATE", lambda r: r["state"]), ("PROJECTS", lambda r: r["projects"])],
+          "no accounts yet: `llmgw users create EMAIL`")
 
 
 @llmgw.command("org-create")
@@ -106,5 +130,6 @@ def projects(as_json):
             for p in Project.select(Project, Team, Org).join(Team).join(Org).order_by(Org.name, Team.name, Project.name)]
     if as_json:
         return echo_json(rows)
-    for r in rows:
-        click.echo(f"{r['org']} / {r['team']} / {r['project']}  ({r['members']} members)")
+    table(rows, [("ORG", lambda r: r["org"]), ("TEAM", lambda r: r["team"]),
+                 ("PROJECT", lambda r: r["project"]), ("MEMBERS", lambda r: r["members"])],
+          "no projects yet: `llmgw init` makes default/default/default")

@@ -1,6 +1,7 @@
 """How the control plane runs a command on a node: over SSH, or locally for the demo node."""
 import abc
 import asyncio
+import functools
 import os
 import shlex
 import shutil
@@ -30,10 +31,37 @@ class Result:
         return " | ".join(text[-n:])
 
 
+def _measured(run):
+    """Wrap a transport's run: every command counts in llmgw_ssh_commands_total by outcome
+    (ok, a non-zero exit, or an error: no connection, a timeout, a broken session), and is
+    noted for the node page's pane of what the control plane did there."""
+    @functools.wraps(run)
+    async def measured(self, argv, input=None, timeout=None):
+        from .. import metrics
+        from ..services import command_log
+        began = time.monotonic()
+        try:
+            result = await run(self, argv, input=input, timeout=timeout)
+        except NodeError as e:
+            metrics.SSH_COMMANDS(self.name, "error").inc()
+            command_log.note(self.name, argv, None, time.monotonic() - began, str(e))
+            raise
+        metrics.SSH_COMMANDS(self.name, "ok" if result.ok else "nonzero").inc()
+        command_log.note(self.name, argv, result.exit_status, time.monotonic() - began,
+                         "" if result.ok else result.tail(1))
+        return result
+    return measured
+
+
 class Transport(abc.ABC):
     """A way to run commands and copy files onto one node."""
 
     name = "?"
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "run" in cls.__dict__ and not getattr(cls.__dict__["run"], "__isabstractmethod__", False):
+            cls.run = _measured(cls.__dict__["run"])
 
     @abc.abstractmethod
     async def run(self, argv, input=None, timeout=None):

@@ -212,3 +212,33 @@ def _table_value(key, value):
         raise SpecError(f"{key} = {value!r} must be a string.")
     return value.strip().lower() if key == "sha256" else value
 
+
+def changes_from_flags(given, for_set):
+    """Turn the settings given as `model add`/`model set` flags (or the model page's form, with
+    the same names) into ModelSpec fields: sizes parsed, lists as tuples. For set, a setting
+    left None (or an empty list) is unchanged."""
+    out = {}
+    for key, value in given.items():
+        if value is None or (for_set and key in ("args", "fallbacks", "requires") and not value):
+            continue
+        if key == "gpu_class":
+            out["gpu_classes"] = parse_classes(value)
+        elif key == "min_gpu_memory":
+            out["min_gpu_memory_mb"] = parse_size(value, "--min-gpu-memory")
+        elif key == "memory":
+            out["memory_mb"] = parse_size(value, "--memory")
+        elif key == "requires":
+            out["requires"] = parse_requires(value)
+        elif key in ("args", "fallbacks"):
+            out[key] = tuple(value)
+        elif key == "sha256":
+            out[key] = value.strip().lower()
+        elif key == "node_path":
+            if value:
+                if given.get("source"):
+                    raise SpecError("give --file (copied to the nodes) or --node-path (already "
+                                    "there), not both.")
+                out.update(source=value, on_nodes=True)
+        elif key not in out:
+            out[key] = value
+    return out

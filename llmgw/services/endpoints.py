@@ -32,6 +32,16 @@ def add(root, name, url, models, api_key=""):
     return Endpoint.get(Endpoint.name == name)
 
 
+def remove(name):
+    """Forget an endpoint: the gateway stops routing to it within gateway.route_cache_seconds."""
+    row = Endpoint.get_or_none(Endpoint.name == name)
+    if row is None:
+        names = ", ".join(e.name for e in Endpoint.select().order_by(Endpoint.name)) or "none"
+        raise LlmgwError(f"no endpoint called {name!r} (endpoints: {names}).")
+    row.delete_instance()
+    return row
+
+
 def probe(url, key, timeout=5):
     """Return (ok, detail) from GET {url}/models."""
     headers = {"Authorization": f"Bearer {key}"} if key else {}

@@ -73,6 +73,11 @@ def succeeded(counted):
                     (LoginFailure.subject == subject) & (LoginFailure.failures > 0)).execute()
 
 
+def unblock(email):
+    """Forget an account's failed logins (and a block they set); an administrator's reset."""
+    return LoginFailure.delete().where(LoginFailure.subject == f"account:{email.strip().lower()}").execute()
+
+
 def prune(now=None):
     """Forget counts whose window and block are both over; return how many."""
     now = now or utcnow()

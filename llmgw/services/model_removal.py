@@ -24,23 +24,13 @@ async def remove(conf, name, force=False, said=lambda text: None, now=False):
     """
     from ..plans import launch
     from .nodes import transport_for
-    model = get(name)
-    refuse_if_declared(model, conf)
-    users = fallback_users(name)
-    if users and not force:
-        raise LlmgwError(f"{', '.join(m.name for m in users)} name(s) {name!r} as a fallback; change "
-                         f"them first (model set M --fallback …), or remove it anyway with --force, "
-                         f"which takes it off their fallback lists.")
+    model, users = _removable(conf, name, force)
     drained = 0
     if not now and model.replica_rows.count() and leader.someone_leads(conf):
         drained = await _drain_model(conf, model, said)
     units = [(r.unit, r.node, r.supervisor or launch.supervisor_for(r.node.facts or {}))
              for r in model.replica_rows]
-    with database.atomic():
-        for user in users:
-            Model.update(fallbacks=[f for f in user.fallbacks if f != name] or None) \
-                .where(Model.id == user.id).execute()
-        model.delete_instance(recursive=True)
+    _forget(model, users)
     stopped, left = [], []
     for unit, node, sup in units:
         t = transport_for(node, conf)
@@ -57,13 +47,59 @@ async def remove(conf, name, force=False, said=lambda text: None, now=False):
     return stopped, left
 
 
+def _removable(conf, name, force):
+    model = get(name)
+    refuse_if_declared(model, conf)
+    users = fallback_users(name)
+    if users and not force:
+        raise LlmgwError(f"{', '.join(m.name for m in users)} name(s) {name!r} as a fallback; change "
+                         f"them first (model set M --fallback …), or remove it anyway with --force, "
+                         f"which takes it off their fallback lists.")
+    return model, users
+
+
+def _forget(model, users):
+    with database.atomic():
+        for user in users:
+            Model.update(fallbacks=[f for f in user.fallbacks if f != model.name] or None) \
+                .where(Model.id == user.id).execute()
+        model.delete_instance(recursive=True)
+
+
+def remove_by_reconciler(conf, name, force=False, sleep=time.sleep):
+    """The pages' removal, which runs no command on a node itself: the model is scaled to 0,
+    the leading reconciler stops its replicas once their requests are done, then the model is
+    forgotten. Refused when no reconciler runs (`llmgw model remove --now` stops them from the
+    command line). Return how many replicas were stopped."""
+    model, users = _removable(conf, name, force)
+    before = model.replica_rows.count()
+    if before and not leader.someone_leads(conf):
+        raise LlmgwError(f"no reconciler is running to stop {name}'s {before} replica(s); start "
+                         f"`llmgw serve`, or remove it with `llmgw model remove {name} --now`.")
+    if before:
+        Model.update(replicas=0).where(Model.id == model.id).execute()
+        deadline = time.monotonic() + _patience(conf)
+        while model.replica_rows.count():
+            if time.monotonic() > deadline:
+                raise LlmgwError(f"{name}'s replicas are still stopping; it stays with 0 replicas. "
+                                 f"Remove it again once they are gone (`llmgw replicas --model {name}`).")
+            sleep(0.5)
+    _forget(model, users)
+    return before
+
+
+def _patience(conf):
+    r, g = conf["reconciler"], conf["gateway"]
+    return max([r["stop_grace"]] + [n.drain_timeout for n in Node.select(Node.drain_timeout)]) \
+        + g["route_cache_seconds"] + 3 * r["interval"] + 30
+
+
 async def _drain_model(conf, model, said):
     """Scale a model being removed to 0 and wait while the reconciler stops its replicas."""
-    r, g = conf["reconciler"], conf["gateway"]
+    r = conf["reconciler"]
     before = Replica.select().where(Replica.model == model).count()
     Model.update(replicas=0).where(Model.id == model.id).execute()
-    patience = max([r["stop_grace"]] + [n.drain_timeout for n in Node.select(Node.drain_timeout)]) \
-        + g["route_cache_seconds"] + 3 * r["interval"] + 30
+    patience = _patience(conf)
     deadline = time.monotonic() + patience
     told = None
     try:

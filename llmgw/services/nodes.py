@@ -207,22 +207,30 @@ async def add_local_node(name, base_dir):
     return node
 
 
-async def remove_node(conf, node, force=False):
-    """Stop every llmgw engine on the node, then forget it; return the units stopped."""
+async def stop_engines(conf, node):
+    """Stop every llmgw engine on the node (crash-looping ones too); return the units stopped.
+    Raises NodeError when the node cannot be reached."""
     t = transport_for(node, conf)
     try:
         sup = launch.supervisor_for(node.facts or {})
-        units = set(await units_on(t, sup, node.base_dir))  # crash-looping ones too
+        units = set(await units_on(t, sup, node.base_dir))
         for name in sorted(units):
             await t.check(launch.stop_argv(sup, f"llmgw-{name}", node.base_dir),
                           what=f"stopping llmgw-{name}")
+        return units
+    finally:
+        await t.close()
+
+
+async def remove_node(conf, node, force=False):
+    """Stop every llmgw engine on the node, then forget it; return the units stopped."""
+    try:
+        units = await stop_engines(conf, node)
     except NodeError as e:
         if not force:
             raise LlmgwError(f"{node.name} cannot be reached to stop its engines ({e}); they would "
                              f"keep running. Bring it back, or remove it anyway with --force.") from e
         units = set()
-    finally:
-        await t.close()
     with database.atomic():
         Replica.delete().where(Replica.node == node).execute()
         node.delete_instance(recursive=True)

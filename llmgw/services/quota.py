@@ -24,9 +24,11 @@ from .counting import row_key
 class LimitExceeded(LlmgwError):
     """A request would pass a limit; says which, and when to come back."""
 
-    def __init__(self, message, code, retry_after, kind="requests"):
-        # kind is OpenAI's error type for what ran out: requests, tokens or insufficient_quota.
-        self.code, self.retry_after, self.kind = code, retry_after, kind
+    def __init__(self, message, code, retry_after, kind="requests", scope="worker"):
+        # kind is OpenAI's error type for what ran out: requests, tokens or insufficient_quota;
+        # scope the kind of scope whose limit it is (key, project, team, org), or "worker" when
+        # the worker's share was taken while it leased more.
+        self.code, self.retry_after, self.kind, self.scope = code, retry_after, kind, scope
         super().__init__(message)
 
 
@@ -47,6 +49,8 @@ class Reservation:
     endpoint: str = ""  # the replica it was sent to, once sent
     settled: bool = False  # handed to the settlement (once only)
     started: float = field(default_factory=time.monotonic)
+    first_at: float = None  # when a stream's first bytes came from the engine
+    project: str = ""  # the project's name, for the metrics
     request_id: str = field(default_factory=lambda: "req_" + uuid.uuid4().hex)
 
 
@@ -147,7 +151,8 @@ def reserve(key, model, body, conf, ledger, now=None, lookups=None):
     res = Reservation(key.id, scopes[1][1], model, price, prompt + completion, worst_cost,
                       prompt_reserved=prompt, completion_reserved=completion,
                       prompt_estimate=min(prompt, quota.estimate_prompt_tokens(body)),
-                      scopes=tuple((kind, sid) for kind, sid, _ in scopes), admitted=now)
+                      scopes=tuple((kind, sid) for kind, sid, _ in scopes), admitted=now,
+                      project=scopes[1][2])
     limits, binds, memo = lookups.get(("limits", key.id), lambda: _limits_of(scopes, conf))
     if binds:
         ledger.admit(res, needs_of(scopes, limits, res, now, memo), now)
@@ -187,19 +192,19 @@ def refusal(need, room, held, now):
         return LimitExceeded(f"Rate limit reached for {who}: {need.limit} requests per minute "
                              f"({need.limit - room} made, in flight or leased to gateway workers in "
                              f"the last {quota.WINDOW_SECONDS} s).", "rate_limit_exceeded",
-                             quota.seconds_to_window_room(now), "requests")
+                             quota.seconds_to_window_room(now), "requests", need.scope_kind)
     if need.kind == "tpm":
         return LimitExceeded(f"Token limit reached for {who}: {need.limit} tokens per minute "
                              f"({need.limit - room} used or held in the last {quota.WINDOW_SECONDS} s; "
                              f"this request may use up to {need.amount}).", "rate_limit_exceeded",
-                             quota.seconds_to_window_room(now), "tokens")
+                             quota.seconds_to_window_room(now), "tokens", need.scope_kind)
     wait = quota.seconds_to_reset(need.period, now) or 3600
     if held >= need.amount:
         wait = min(wait, 2)  # what requests in flight hold comes back as they end
     return LimitExceeded(f"Budget exhausted for {who}: {money.show(need.limit - room)} of "
                          f"{money.show(need.limit)} spent or held per {need.period}, and this "
                          f"request may cost up to {money.show(need.amount)}.",
-                         "insufficient_quota", wait, "insufficient_quota")
+                         "insufficient_quota", wait, "insufficient_quota", need.scope_kind)
 
 
 def _limits_of(scopes, conf):

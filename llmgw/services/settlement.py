@@ -21,6 +21,7 @@ import time
 import peewee
 from peewee import fn
 
+from .. import metrics
 from ..models import Counter, database, utcnow
 from ..plans import quota
 from . import counting, recovery
@@ -65,6 +66,7 @@ class Settlement:
         self.closed = False
         self.refusals = collections.Counter()  # (key id, OpenAI error type, day) -> requests
         self.pruned_at = 0.0
+        self.measured = collections.deque()  # finished requests the metrics have not counted yet
         atexit.register(self.close)
 
     def refused(self, key_id, kind, when=None):
@@ -88,6 +90,7 @@ class Settlement:
         self.ledger.finish(res, prompt_tokens + completion_tokens, actual)
         item = (res, prompt_tokens, completion_tokens, actual, status, endpoint,
                 int((time.monotonic() - res.started) * 1000), utcnow())
+        self.measured.append(item)
         with self.lock:
             self.pending.append(item)
             if len(self.pending) > MAX_PENDING:
@@ -121,6 +124,7 @@ class Settlement:
             time.sleep(max(self.flush_seconds, backoff))
             if self.flush(once=True) or not self.ledger.idle():
                 idle_since = time.monotonic()
+            self.measure()
             if not self.failing_since:
                 try:
                     self.ledger.lease_ahead()
@@ -144,6 +148,16 @@ class Settlement:
                         self.thread = None
                         self._deregister()
                         return
+
+    def measure(self):
+        """Count the requests finished since the last call in the metrics (once each, whether
+        or not the database has taken them yet), and the requests in flight now."""
+        while self.measured:
+            res, prompt, completion, actual, status, _, latency_ms, _ = self.measured.popleft()
+            metrics.settled(res.model, res.project, status, prompt, completion, actual,
+                            latency_ms / 1000,
+                            res.first_at - res.started if res.first_at is not None else None)
+        metrics.in_flight(len(self.ledger.inflight))
 
     def _beat(self):
         """Beat for this worker; once its own beats run without a gap, recover dead workers."""
@@ -169,6 +183,7 @@ class Settlement:
             thread.join(timeout=max(1.0, self.flush_seconds * 2) if self.flush_seconds < 60 else 0.1)
         self.ledger.give_back_all()
         self.flush()
+        self.measure()
         self._deregister()
         if self.pending:
             log.error("%d finished requests could not be settled before exit: their usage rows "

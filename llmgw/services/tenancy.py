@@ -5,7 +5,7 @@ from peewee import fn
 
 from .. import security
 from ..errors import LlmgwError
-from ..models import ApiKey, Membership, Org, Project, Team, User, database, utcnow
+from ..models import ApiKey, Membership, Org, Project, Team, User, database, new_session_token, utcnow
 
 DEFAULT = "default"
 
@@ -52,6 +52,28 @@ def create_key(project_name, name="", user=None, models=None, expires_days=None)
     row = ApiKey.create(project=project, user=user, name=name, prefix=security.display_prefix(key),
                         key_hash=security.hash_key(key), models=models, expires=expires)
     return row, key
+
+
+def key_views(project_name=None, user=None, now=None):
+    """Return keys as dicts (their starts only), newest first: project, name, owner, models,
+    expiry, last use (from the usage rows) and state (live, expired, revoked)."""
+    now = now or utcnow()
+    query = ApiKey.select(ApiKey, Project).join(Project)
+    if project_name:
+        query = query.where(ApiKey.project == find_project(project_name))
+    if user is not None:
+        query = query.where(ApiKey.user == user)
+    keys = list(query.order_by(ApiKey.id.desc()))
+    from ..models import Usage
+    used = dict(Usage.select(Usage.key_id, fn.MAX(Usage.created)).where(
+        Usage.key_id.in_([k.id for k in keys])).group_by(Usage.key_id).tuples()) if keys else {}
+    owners = {u.id: u.email for u in User.select(User.id, User.email).where(
+        User.id.in_([k.user_id for k in keys if k.user_id]))} if keys else {}
+    return [{"id": k.id, "prefix": k.prefix, "project": k.project.name, "name": k.name,
+             "user": owners.get(k.user_id), "models": k.models or [], "created": k.created,
+             "expires": k.expires, "last_used": used.get(k.id), "revoked": k.revoked,
+             "state": "revoked" if k.revoked else "expired" if k.expires and k.expires <= now else "live"}
+            for k in keys]
 
 
 def lookup_key(key):
@@ -154,6 +176,36 @@ def set_admin(email, admin):
     user.is_admin = admin
     user.save()
     return user
+
+
+def reset_password(email):
+    """Give an account a new generated password, end its sessions and lift a login block on it;
+    return the password (shown once)."""
+    from .logins import unblock
+    user = find_user(email)
+    password = security.generate_password()
+    with database.atomic():
+        user.password_hash = security.hash_password(password)
+        user.session_token = new_session_token()
+        user.save()
+        unblock(email)
+    return password
+
+
+def delete_user(email):
+    """Delete an account: its memberships go, the keys it made are revoked (their usage stays).
+    Refused for the last active administrator. Return how many keys were revoked."""
+    user = find_user(email)
+    if user.is_admin and user.is_active and User.select().where(User.is_admin, User.is_active).count() == 1:
+        raise LlmgwError(f"{email} is the last administrator; promote another one first "
+                         f"(`flask llmgw users promote EMAIL`).")
+    with database.atomic():
+        revoked = (ApiKey.update(revoked=utcnow()).where(ApiKey.user == user, ApiKey.revoked.is_null())
+                   .execute())
+        ApiKey.update(user=None).where(ApiKey.user == user).execute()
+        Membership.delete().where(Membership.user == user).execute()
+        user.delete_instance()
+    return revoked
 
 
 def change_password(user, current, new):

@@ -63,7 +63,8 @@ def is_htmx():
 
 
 def register(app):
-    from . import accounts, auth, cluster, gateway, health, mirror, models, quotas
+    from . import (accounts, auth, cluster, endpoints, gateway, health, keys, metrics, mirror, models,
+                   projects, quotas)
 
     login_manager.init_app(app)
     app.session_interface = NoSessionsForTheApi()
@@ -77,6 +78,7 @@ def register(app):
     app.register_error_handler(CSRFError, _csrf_refused)
     from ..plans import money
     app.jinja_env.filters["money"] = money.show
-    for module in (accounts, auth, cluster, gateway, health, mirror, models, quotas):
+    for module in (accounts, auth, cluster, endpoints, gateway, health, keys, metrics, mirror, models,
+                   projects, quotas):
         app.register_blueprint(module.bp)
     gateway.json_errors(app)

@@ -7,6 +7,7 @@ from ..models import Project, User
 from ..services import tenancy
 from . import admin_required
 from .auth import LoginUser, end_sessions
+from .keys import keys_context
 
 bp = Blueprint("accounts", __name__)
 
@@ -38,13 +39,13 @@ def profile():
             tenancy.change_password(user, request.form.get("current", ""), new)
         except LlmgwError as e:
             flash(f"Password not changed: {e}")
-            return render_template("profile.html", user=user), 400
+            return render_template("profile.html", user=user, **keys_context(user)), 400
         # Every other session of the account ends; this browser gets a new one.
         end_sessions(user.id)
         login_user(LoginUser(User.get_by_id(user.id)))
         flash("Password changed; your other sessions have been logged out.")
         return redirect(url_for("accounts.profile"))
-    return render_template("profile.html", user=user)
+    return render_template("profile.html", user=user, **keys_context(user))
 
 
 @bp.get("/admin/users")

@@ -1,10 +1,11 @@
 """The cluster page, a node's page, and its live log pane."""
 from flask import Blueprint, abort, current_app, flash, redirect, render_template, request, url_for
-from flask_login import current_user
+from flask_login import current_user, login_required
 
-from ..models import EngineInstall, LogRequest, Model, Node, NodeEvent, Replica, utcnow
-from ..services import cards, lifecycle
+from ..models import EngineInstall, LogRequest, Model, Node, NodeCommand, NodeEvent, Replica, utcnow
+from ..services import cards, lifecycle, logs
 from ..services.model_views import replica_view
+from ..services.overview import overview
 from ..plans.launch import supervisor_for
 from ..plans.nodespec import parse_duration
 from . import admin_required, is_htmx
@@ -45,10 +46,12 @@ def cluster_view():
 
 
 @bp.get("/")
-@admin_required
+@login_required
 def index():
+    if not current_user.is_admin:
+        return redirect(url_for("keys.home"))  # a person's own page, not a "Forbidden"
     template = "_cluster.html" if is_htmx() else "cluster.html"
-    return render_template(template, **cluster_view())
+    return render_template(template, o=overview(current_app.config["LLMGW"]), **cluster_view())
 
 
 def _node(name):
@@ -68,6 +71,8 @@ def node_page(name):
         abort(404, f"{name} runs no replica called {source!r}.")
     events = list(node.events.order_by(NodeEvent.id.desc()).limit(50))
     return render_template("node.html", node=node, replicas=reps, source=source, events=events,
+                           pane=_pane_options(request.args), line_choices=LINE_CHOICES,
+                           commands=_commands(node),
                            **_replicas_view(node, reps),
                            installs=list(node.installs), supervisor=supervisor_for(node.facts or {}),
                            gpus=cards.node_cards(node),
@@ -120,9 +125,39 @@ def drain(name):
     return redirect(url_for("cluster.node_page", name=name))
 
 
-def _ask(node, source, cursor):
+LINE_CHOICES = (100, 300, 1000, 2000)
+COMMANDS_SHOWN = 100
+
+
+def _pane_options(values):
+    """The log pane's choices from a query string or a poll's form: how many lines it opens
+    with, and whether engines' answers to probes (/health, /metrics) are shown."""
+    try:
+        lines = int(values.get("lines", 300))
+    except ValueError:
+        lines = 300
+    return {"lines": lines if lines in LINE_CHOICES else 300, "probes": values.get("probes") == "1"}
+
+
+def _shown(lines, pane):
+    return lines if pane["probes"] else [line for line in lines if not logs.is_probe(line)]
+
+
+def _commands(node):
+    return list(NodeCommand.select().where(NodeCommand.node == node)
+                .order_by(NodeCommand.id.desc()).limit(COMMANDS_SHOWN))
+
+
+@bp.get("/nodes/<name>/commands")
+@admin_required
+def node_commands(name):
+    """The pane of what the control plane ran on the node, polled."""
+    return render_template("_node_commands.html", node=_node(name), commands=_commands(_node(name)))
+
+
+def _ask(node, source, cursor, lines=100):
     return LogRequest.create(node=node, source=source, cursor=cursor,
-                             lines=100 if not cursor else 1000)
+                             lines=lines if not cursor else 1000)
 
 
 @bp.post("/nodes/<name>/logs")
@@ -136,7 +171,9 @@ def log_start(name):
     source = request.form.get("source", "")
     if not Replica.select().where(Replica.node == node, Replica.name == source).exists():
         abort(404, f"{name} runs no replica called {source!r}.")
-    return render_template("_log_lines.html", node=node, lines=[], next_req=_ask(node, source, ""))
+    pane = _pane_options(request.form)
+    return render_template("_log_lines.html", node=node, lines=[], pane=pane,
+                           next_req=_ask(node, source, "", pane["lines"]))
 
 
 @bp.post("/nodes/<name>/logs/<int:req_id>")
@@ -144,6 +181,7 @@ def log_start(name):
 def log_poll(name, req_id):
     """Answer a log pane's poll: new lines and the next poller, 204 while the reconciler works."""
     node = _node(name)
+    pane = _pane_options(request.form)
     req = LogRequest.get_or_none(LogRequest.id == req_id, LogRequest.node == node)
     if req is None:
         abort(404, "That log request has expired; reload the page.")
@@ -151,12 +189,13 @@ def log_poll(name, req_id):
         waited = (utcnow() - req.created).total_seconds()
         if waited < REQUEST_PATIENCE_SECONDS:
             return "", 204
-        return render_template("_log_lines.html", node=node, lines=[], next_req=req,
+        return render_template("_log_lines.html", node=node, lines=[], next_req=req, pane=pane,
                                stalled=int(waited))
     nxt = _ask(node, req.source, req.next_cursor or req.cursor)
     req.delete_instance()
-    return render_template("_log_lines.html", node=node, lines=req.result or [], next_req=nxt,
-                           failed=req.state == "failed")
+    lines = req.result or []
+    return render_template("_log_lines.html", node=node, lines=lines if req.state == "failed" else _shown(lines, pane),
+                           next_req=nxt, pane=pane, failed=req.state == "failed")
 
 
 @bp.app_context_processor

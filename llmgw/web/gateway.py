@@ -8,9 +8,10 @@ import collections
 import functools
 import logging
 
-from flask import Blueprint, current_app, jsonify, request
+from flask import Blueprint, current_app, jsonify, render_template, request
 from werkzeug.exceptions import HTTPException
 
+from .. import metrics
 from ..db import DatabaseAway
 from ..plans import request_check
 from ..services import quota, tenancy
@@ -30,7 +31,10 @@ def json_errors(app):
     @app.errorhandler(HTTPException)
     def _http(e):
         if not request.path.startswith("/v1/"):
-            return e
+            if e.code is None or e.code < 400 or request.path in ("/metrics", "/health"):
+                return e
+            # A page with the site's navigation and what to do, not a bare "Forbidden".
+            return render_template("error.html", e=e), e.code
         kind = "invalid_request_error" if e.code < 500 else "server_error"
         return error(e.code, f"{e.name}: {e.description}", kind)
 
@@ -140,6 +144,7 @@ def relay(path):
                                     relay_mod.settlement().ledger, lookups=caches()[2])
     except quota.LimitExceeded as e:
         relay_mod.settlement().refused(key.id, e.kind)
+        metrics.refused(e.scope, e.kind)
         return error(429, str(e), e.kind, e.code, headers={"Retry-After": str(e.retry_after)})
     if served != model:
         body = dict(body, model=served)

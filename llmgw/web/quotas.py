@@ -1,13 +1,16 @@
 """The quotas page (limits, prices, what each scope has used) and a usage page per project."""
+import csv
 import datetime
+import io
 
-import peewee
-from flask import Blueprint, abort, current_app, render_template
+from flask import Blueprint, Response, abort, current_app, render_template, request
 from flask_login import current_user, login_required
 
+from ..errors import LlmgwError
 from ..models import ApiKey, Counter, LimitRule, Membership, Org, Price, Project, Team, Usage, utcnow
-from ..plans import quota
+from ..plans import chart, money, quota
 from ..services import quota as quota_service
+from ..services import usage_history
 from . import admin_required
 
 bp = Blueprint("quotas", __name__)
@@ -44,26 +47,67 @@ def quotas():
                            unpriced=not prices and not any(default_price))
 
 
-@bp.get("/usage/<project>")
-@login_required
-def usage(project):
-    row = Project.get_or_none(Project.name == project)
+def _project_for_me(name):
+    row = Project.get_or_none(Project.name == name)
     if row is None:
-        abort(404, f"There is no project called {project!r}.")
+        abort(404, f"There is no project called {name!r}.")
     member = Membership.select().where(Membership.project == row,
                                        Membership.user == int(current_user.id)).exists()
     if not (current_user.is_admin or member):
         abort(403, "Only the project's members and administrators see its usage.")
-    since = utcnow() - datetime.timedelta(days=30)
-    per_model = list(Usage.select(Usage.model, peewee.fn.COUNT(Usage.id).alias("requests"),
-                                  peewee.fn.SUM(Usage.prompt_tokens).alias("prompt"),
-                                  peewee.fn.SUM(Usage.completion_tokens).alias("completion"),
-                                  peewee.fn.SUM(Usage.cost).alias("cost"))
-                     .where(Usage.project_id == row.id, Usage.created >= since)
-                     .group_by(Usage.model).dicts())
+    return row
+
+
+def _history(row):
+    """The range the query string asks for, and the rows of it (a bad range: a 400 naming it)."""
+    a = request.args
+    try:
+        begin, end, step = usage_history.parse_range(a.get("from", ""), a.get("to", ""),
+                                                     a.get("step", "hour"), utcnow())
+    except LlmgwError as e:
+        abort(400, f"{e} Example: ?from=2026-11-01&to=2026-11-30&step=day")
+    model = a.get("model") or None
+    return begin, end, step, model, usage_history.rows(row, begin, end, step, model)
+
+
+@bp.get("/usage/<project>")
+@login_required
+def usage(project):
+    row = _project_for_me(project)
+    begin, end, step, model, found = _history(row)
+    charts = [(title, chart.bars(usage_history.series(found, begin, end, step, field), title, unit))
+              for field, title, unit in (("requests", "Requests", ""), ("prompt_tokens", "Prompt tokens", ""),
+                                         ("completion_tokens", "Completion tokens", ""),
+                                         ("errors", "Answers with an error status (4xx, 5xx)", ""))]
+    spend = [(label, micros / 1_000_000) for label, micros in usage_history.series(found, begin, end, step, "cost")]
+    charts.insert(1, ("Spend", chart.bars(spend, "Spend", "")))
+    per_model = {}
+    for r in found:
+        t = per_model.setdefault(r["model"], dict.fromkeys(usage_history.FIELDS, 0))
+        for k in usage_history.FIELDS:
+            t[k] += r[k]
     # By when each request ended: ids follow the order batches were written in, worker by worker.
     recent = list(Usage.select().where(Usage.project_id == row.id)
                   .order_by(Usage.created.desc()).limit(50))
-    refused = quota_service.refusals(row, since)
-    return render_template("usage.html", project=row, per_model=per_model, recent=recent,
-                           refused=refused)
+    refused = quota_service.refusals(row, begin)
+    models = sorted({m for (m,) in Usage.select(Usage.model).where(Usage.project_id == row.id).distinct().tuples()})
+    return render_template("usage.html", project=row, per_model=per_model, recent=recent, refused=refused,
+                           charts=charts, begin=begin, end=end - datetime.timedelta(days=1), step=step,
+                           model=model, models=models)
+
+
+@bp.get("/usage/<project>.csv")
+@login_required
+def usage_csv(project):
+    """The same range as rows of CSV: one per period and model."""
+    row = _project_for_me(project)
+    begin, end, step, model, found = _history(row)
+    out = io.StringIO()
+    w = csv.writer(out)
+    w.writerow(["period", "model", "requests", "prompt_tokens", "completion_tokens", "cost", "errors"])
+    for r in found:
+        w.writerow([r["period"], r["model"], r["requests"], r["prompt_tokens"], r["completion_tokens"],
+                    money.show(r["cost"]), r["errors"]])
+    name = f"usage-{row.name}-{begin:%Y%m%d}-{(end - datetime.timedelta(days=1)):%Y%m%d}-{step}.csv"
+    return Response(out.getvalue(), mimetype="text/csv",
+                    headers={"Content-Disposition": f'attachment; filename="{name}"'})

@@ -327,6 +327,7 @@ def _relay(upstream, endpoint, routes, reservation, tap, settle, deadline, g):
             # Engines send a stream's headers at once and its first bytes after reading the
             # prompt: the first read is what first_byte_timeout bounds.
             chunk = _read(upstream, deadline, g, first=True)
+            reservation.first_at = time.monotonic()
             while chunk:
                 out = tap.feed(chunk)
                 if out:

@@ -367,6 +367,69 @@ def test_a_whole_answer_whose_client_leaves_stops_the_engine_and_bills_the_promp
     assert prompt > 0 and completion == 0  # the engine read its prompt
 
 
+def test_metrics_add_up_every_worker_and_move_with_the_openai_clients_requests(plane):
+    """/metrics of 4 gunicorn workers, parsed by prometheus_client's own parser: the request
+    counter and the latency histograms move by exactly the requests made, which more than one
+    worker answered; the reconciler's passes and node commands are there too."""
+    import concurrent.futures
+    import shutil
+    import tempfile
+    import tomllib
+    import openai
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.multiprocess import MultiProcessCollector
+    from prometheus_client.parser import text_string_to_metric_families
+    root = plane["root"]
+    token = tomllib.loads((root / "server.toml").read_text())["metrics"]["token"]
+    assert len(token) >= 24  # init wrote one
+    assert requests.get(plane["url"] + "/metrics", timeout=10).status_code == 401
+
+    def scrape():
+        r = requests.get(plane["url"] + "/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=10)
+        assert r.status_code == 200 and r.headers["Content-Type"].startswith("text/plain")
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for fam in text_string_to_metric_families(r.text) for s in fam.samples}
+
+    def moved(after, before, name, **labels):
+        at = (name, tuple(sorted(labels.items())))
+        return after.get(at, 0) - before.get(at, 0)
+    cli(root, "project-create", "watched", "--team", "default")
+    key = cli(root, "keys", "create", "--project", "watched").stdout.strip()
+    client = openai.OpenAI(base_url=plane["url"] + "/v1", api_key=key, max_retries=0)
+    before = scrape()
+
+    def one(i):
+        messages = [{"role": "user", "content": f"metrics {i} 指標 📈"}]
+        if i % 2:
+            return "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+                model="demo", messages=messages, max_tokens=4, stream=True) if c.choices)
+        return client.chat.completions.create(model="demo", messages=messages, max_tokens=4).usage.completion_tokens
+    with concurrent.futures.ThreadPoolExecutor(20) as pool:
+        list(pool.map(one, range(40)))
+    ok = dict(model="demo", project="watched", status="200")
+    after = wait_for("40 requests counted", lambda: (lambda a: moved(a, before, "llmgw_requests_total", **ok) >= 40 and a)(
+        scrape()), timeout=30, every=0.2)
+    assert moved(after, before, "llmgw_requests_total", **ok) == 40
+    assert moved(after, before, "llmgw_tokens_total", model="demo", project="watched", kind="completion") == 160
+    assert moved(after, before, "llmgw_request_duration_seconds_count", model="demo") >= 40
+    assert moved(after, before, "llmgw_time_to_first_token_seconds_count", model="demo") >= 20
+    assert after[("llmgw_request_duration_seconds_bucket", (("le", "+Inf"), ("model", "demo")))] >= 40
+    assert after[("llmgw_replicas", (("model", "demo"), ("state", "ready")))] == 1
+    assert after[("llmgw_reconciler_pass_duration_seconds_count", ())] > 0
+    assert after[("llmgw_ssh_commands_total", (("node", "local"), ("outcome", "ok")))] > 0
+    # More than one worker answered: each worker's own file holds a part of the 40.
+    parts = []
+    for f in (root / "metrics" / "web").glob("counter_*.db"):
+        with tempfile.TemporaryDirectory() as one_dir:
+            shutil.copy(f, one_dir)
+            registry = CollectorRegistry()
+            MultiProcessCollector(registry, path=one_dir)
+            parts.append(sum(s.value for fam in registry.collect() for s in fam.samples
+                             if s.name == "llmgw_requests_total" and s.labels.get("project") == "watched"))
+    print(f"requests of project watched per worker file: {sorted(parts)}")
+    assert sum(parts) == 40 and sum(1 for p in parts if p) >= 2, parts
+
+
 def test_stopping_the_gateway_ends_a_long_stream_with_an_error_event_and_bills_it(plane):
     """Runs last: it stops the module's control plane. gateway.shutdown_grace is 3 s here."""
     r = stream(plane, 400)  # 20 s at 50 ms a token

@@ -79,6 +79,20 @@ class Browser:
     def url(self):
         return self._s("/url", method="get", body=None)
 
+    def execute(self, script, *args):
+        """Run JavaScript in the page; return its value."""
+        return self._s("/execute/sync", body={"script": script, "args": list(args)})
+
+    def select(self, css, value):
+        """Choose an option of a <select> by its value and fire its change event."""
+        self.execute("const e = document.querySelector(arguments[0]); e.value = arguments[1];"
+                     "e.dispatchEvent(new Event('change', {bubbles: true}));", css, value)
+
+    def submit(self, css):
+        """Click a form's submit button, saying yes to its confirm() question if it asks one."""
+        self.execute("window.confirm = () => true;")
+        self.click(css)
+
     def screenshot(self, path):
         import base64
         data = self._s("/screenshot", method="get", body=None)
