@@ -33,8 +33,11 @@ def start_process(conf, process):
     """In a process about to start (gunicorn's master, the reconciler): empty its directory and
     point prometheus-client at it. Must run before prometheus_client is imported."""
     path = directory(conf, process)
-    shutil.rmtree(path, ignore_errors=True)
-    path.mkdir(parents=True, mode=0o700)
+    if os.environ.get(ENV) != str(path):
+        # Not on a reload (gunicorn reads its config again on SIGHUP, in the same master):
+        # the workers still running keep their files.
+        shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True, mode=0o700, exist_ok=True)
     os.environ[ENV] = str(path)
     return path
 

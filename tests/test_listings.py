@@ -132,3 +132,22 @@ def test_the_llmgw_console_script_runs_the_same_commands_from_any_directory(root
                             env=env, capture_output=True, text=True, timeout=120)
     assert listed.returncode == 0, listed.stderr
     assert json.loads(listed.stdout) == [{"org": "default", "team": "default", "project": "default", "members": 1}]
+
+
+def test_a_demo_rerun_keeps_its_key_and_password_or_says_it_reset_the_password(runner, root):
+    import re
+    from llmgw import security
+    from llmgw.models import User
+
+    def demo():
+        out = runner.invoke(llmgw, ["demo", "--no-serve", "--root", str(root)])
+        assert out.exit_code == 0, out.output
+        return (re.search(r"OPENAI_API_KEY=(\S+)", out.output).group(1),
+                re.search(r"with password (\S+)", out.output), out.output)
+    key, password, _ = demo()
+    key2, password2, said = demo()
+    assert key2 == key and password2.group(1) == password.group(1) and "kept from the last run" in said
+    (root / "demo.sealed").unlink()  # as a demo folder from before the demo kept them
+    key3, password3, said = demo()
+    assert key3 != key and "reset: no password from an earlier run could be read" in said
+    assert security.check_password(User.get(User.email == "admin@localhost").password_hash, password3.group(1))

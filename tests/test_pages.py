@@ -141,7 +141,9 @@ def test_the_projects_page_sets_limits_with_the_checks_of_limits_set(app, client
                                                         "name": "default", field: value}, follow_redirects=True)
         assert said in refused.get_data(as_text=True) and "not changed" in refused.get_data(as_text=True)
     assert LimitRule.get_by_id(rule.id).rpm == 60  # nothing lost
-    client.post("/projects/create", data={"csrf_token": token, "what": "project", "name": "lab", "parent": "default"})
+    from llmgw.models import Team
+    team = Team.get(Team.name == "default")
+    client.post("/projects/create", data={"csrf_token": token, "what": "project", "name": "lab", "parent": str(team.id)})
     assert Project.get_or_none(Project.name == "lab")
     client.post("/projects/lab/members", data={"csrf_token": token, "action": "add", "email": "admin@example.com"})
     page = client.get("/projects/lab").get_data(as_text=True)
@@ -188,3 +190,55 @@ def test_removing_a_model_with_replicas_needs_a_running_reconciler_and_loses_not
                        follow_redirects=True).get_data(as_text=True)
     assert "no reconciler is running to stop busy" in said and "--now" in said
     assert Model.get(Model.name == "busy").replicas == 1 and Replica.select().count() == 1
+
+
+def test_the_quotas_page_edits_limits_and_never_redirects_off_site(app, client, auth):
+    from llmgw.models import LimitRule
+    auth.login(password=auth.password)
+    token = token_of(client.get("/quotas"))
+    made = client.post("/projects/limits", data={"csrf_token": token, "kind": "team", "name": "default",
+                                                 "tpm": "5000", "back": "/quotas"})
+    assert made.headers["Location"] == "/quotas"
+    assert LimitRule.get(LimitRule.scope_kind == "team").tpm == 5000
+    page = client.get("/quotas").get_data(as_text=True)
+    from llmgw.models import Team
+    team = Team.get(Team.name == "default")
+    assert f'id="limits-team-{team.id}"' in page and 'placeholder="5000"' in page
+    for back in ("https://evil.example/", "//evil.example/", "/projects/../../x"):
+        r = client.post("/projects/limits", data={"csrf_token": token, "kind": "team", "name": "default",
+                                                  "rpm": "7", "back": back})
+        assert r.headers["Location"] == "/projects", back
+
+
+def test_two_orgs_with_a_team_of_the_same_name_are_told_apart(app, client, auth):
+    from llmgw.models import LimitRule, Team
+    from llmgw.services import limits
+    import pytest
+    from llmgw.errors import LlmgwError
+    tenancy.create_org("other")
+    tenancy.create_team("default", "other")
+    with pytest.raises(LlmgwError, match="2 orgs have a team named 'default'"):
+        limits.set_limits("team", "default", rpm=5)
+    theirs = Team.select().where(Team.name == "default").order_by(Team.id.desc()).get()
+    auth.login(password=auth.password)
+    token = token_of(client.get("/projects"))
+    client.post("/projects/limits", data={"csrf_token": token, "kind": "team", "name": "default",
+                                          "sid": str(theirs.id), "rpm": "5"})
+    assert LimitRule.get().scope_id == theirs.id
+    client.post("/projects/create", data={"csrf_token": token, "what": "project", "name": "p2",
+                                          "parent": str(theirs.id)})
+    assert Project.get(Project.name == "p2").team_id == theirs.id
+
+
+def test_a_page_cannot_make_a_model_of_the_control_planes_own_files(app, client, auth, root):
+    from llmgw.models import Model
+    auth.login(password=auth.password)
+    token = token_of(client.get("/models"))
+    (root / "secrets").mkdir(exist_ok=True)
+    (root / "secrets" / "fernet.key").write_text("x")
+    for source, said in ((str(root / "secrets" / "fernet.key"), "inside the control plane&#39;s own directory"),
+                         ("/etc/passwd", "must be a .gguf model"), ("relative.gguf", "is not an absolute path")):
+        page = client.post("/models", data={"csrf_token": token, "action": "add", "name": "steal",
+                                            "engine": "llamacpp", "source": source}, follow_redirects=True)
+        assert said in page.get_data(as_text=True), source
+    assert not Model.select().exists()

@@ -182,12 +182,11 @@ def weights_cmd(name, as_json, now):
              "collected": v.entry.name in gone} for v in verdicts]
     if as_json:
         return echo_json(rows)
-    if not rows:
-        click.echo(f"{name}: nothing under {collect.models_dir(node)}")
-    for r in rows:
-        state = "collected" if r["collected"] else ("collectable" if r["collectable"] else "kept")
-        click.echo(f"{r['name']:<40} {human_bytes(r['bytes']):>10}  last used {r['last_used']}  "
-                   f"{state}: {r['why']}")
+    table(rows, [("ENTRY", lambda r: r["name"]), ("SIZE", lambda r: human_bytes(r["bytes"])),
+                 ("LAST USED", lambda r: r["last_used"]),
+                 ("STATE", lambda r: "collected" if r["collected"] else "collectable" if r["collectable"] else "kept"),
+                 ("WHY", lambda r: r["why"])],
+          f"{name}: nothing under {collect.models_dir(node)}")
 
 
 def _when(epoch):

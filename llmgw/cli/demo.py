@@ -112,10 +112,15 @@ def _password(admin, made, kept):
     old = kept.get("password")
     if old and security.check_password(user.password_hash, old):
         return old, "kept from the last run (printed below)"
-    if old or not kept:
+    if old:
         return None, (f"kept as it is (changed since the demo set it; `llmgw users reset-password "
                       f"{admin}` makes a new one)")
-    return None, "kept as it is"
+    # An earlier run left nothing this one can read (a demo from before it kept them, or a
+    # secrets key replaced): without a new one nobody could log in.
+    password = security.generate_password()
+    user.password_hash = security.hash_password(password)
+    user.save()
+    return password, "reset: no password from an earlier run could be read (printed below)"
 
 
 def _stop_engines(c, node):

@@ -14,7 +14,7 @@ def keys():
 @click.option("--project", default="default", show_default=True)
 @click.option("--name", default="", help="A label to recognise the key by.")
 @click.option("--models", default="", help="Comma-separated models the key may use (default: all).")
-@click.option("--expires-days", type=click.IntRange(1), help="Stop working after this many days.")
+@click.option("--expires-days", type=click.IntRange(1, tenancy.MAX_KEY_DAYS), help="Stop working after this many days.")
 @root_option
 def create(project, name, models, expires_days):
     """Create an API key and print it (the only time it is shown)."""

@@ -6,7 +6,7 @@ import click
 from ..errors import LlmgwError
 from ..services import mirror
 from ..plans.sizing import human_bytes
-from . import conf, echo_json, llmgw, root_option
+from . import conf, echo_json, llmgw, root_option, table
 
 
 @llmgw.group("mirror")
@@ -61,12 +61,10 @@ def mirror_list(as_json):
     rows = mirror.entries(conf())
     if as_json:
         return echo_json(rows)
-    if not rows:
-        click.echo("the mirror is empty; `flask llmgw mirror fetch URL` adds to it")
-    for r in rows:
-        users = ", ".join(r["in_use_by"]) or "no model"
-        click.echo(f"{r['name']:<40} {human_bytes(r['bytes']):>10}  {r['state']}  "
-                   f"{(r['sha256'] or '')[:12]}  used by {users}  {r['url']}")
+    table(rows, [("NAME", lambda r: r["name"]), ("SIZE", lambda r: human_bytes(r["bytes"])),
+                 ("STATE", lambda r: r["state"]), ("SHA256", lambda r: (r["sha256"] or "")[:12]),
+                 ("USED BY", lambda r: r["in_use_by"] or "no model"), ("URL", lambda r: r["url"])],
+          "the mirror is empty; `llmgw mirror fetch URL` adds to it")
 
 
 @mirror_group.command("remove")

@@ -16,7 +16,7 @@ NODE_STATES = ("ready", "cordoned", "draining", "drained", "lost", "unreachable"
 
 def read():
     """Return the database's facts the families are made of (plain values)."""
-    nodes = [(n.name, node_state(n), n.reachable, n.facts.get("gpus") or [])
+    nodes = [(n.name, node_state(n), n.reachable, (n.facts or {}).get("gpus") or [])
              for n in Node.select(Node.name, Node.state, Node.lost_since, Node.reachable, Node.facts)]
     replicas = collections.Counter(
         (r.model.name, r.state) for r in Replica.select(Replica.state, Model.name).join(Model))

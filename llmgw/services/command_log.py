@@ -3,15 +3,18 @@ transport runs in the reconciler is noted in memory as it ends, and written once
 import collections
 import datetime
 import shlex
+import time
 
 from ..models import Node, NodeCommand, database, utcnow
 
 KEEP_SECONDS = 86400  # rows older than a day are deleted
 MAX_TEXT = 400  # a command's text is cut to this many characters (a long script stays readable)
 PENDING_MAX = 20000  # noted but not yet written: the oldest go first if the database is away
+PRUNE_SECONDS = 60
 
 pending = collections.deque(maxlen=PENDING_MAX)
 recording = False  # set by the reconciler; a command run by the CLI is not noted
+pruned_at = 0.0
 
 
 def note(node_name, argv, exit_status, seconds, error=""):
@@ -24,7 +27,9 @@ def note(node_name, argv, exit_status, seconds, error=""):
 
 
 def flush(now=None):
-    """Write what was noted (one INSERT) and delete rows past KEEP_SECONDS; return rows written."""
+    """Write what was noted (one INSERT) and, once a minute, delete rows past KEEP_SECONDS;
+    return rows written."""
+    global pruned_at
     taken = []
     while pending:
         taken.append(pending.popleft())
@@ -36,6 +41,8 @@ def flush(now=None):
     with database.atomic():
         if rows:
             NodeCommand.insert_many(rows).execute()
-        NodeCommand.delete().where(
-            NodeCommand.created < (now or utcnow()) - datetime.timedelta(seconds=KEEP_SECONDS)).execute()
+        if time.monotonic() - pruned_at > PRUNE_SECONDS:
+            pruned_at = time.monotonic()
+            NodeCommand.delete().where(
+                NodeCommand.created < (now or utcnow()) - datetime.timedelta(seconds=KEEP_SECONDS)).execute()
     return len(rows)

@@ -9,11 +9,20 @@ SCOPES = {"key": (ApiKey, ApiKey.prefix), "project": (Project, Project.name),
           "team": (Team, Team.name), "org": (Org, Org.name)}
 
 
-def find_scope(kind, name):
-    """Return the row of a scope by kind and name (a key by the start `keys list` shows)."""
+def find_scope(kind, name, scope_id=None):
+    """Return the row of a scope by kind and name (a key by the start `keys list` shows), or by
+    id (the pages, where two orgs' teams may share a name)."""
     if kind not in SCOPES:
         raise LlmgwError(f"{kind!r} is not a scope: key, project, team or org.")
     model, column = SCOPES[kind]
+    if scope_id is not None:
+        row = model.get_or_none(model.id == scope_id)
+        if row is None:
+            raise LlmgwError(f"no {kind} with id {scope_id}; reload the page.")
+        return row
+    if kind == "team":
+        from .tenancy import find_team
+        return find_team(name)
     row = model.get_or_none(column == name.rstrip("…"))
     if row is None:
         raise LlmgwError(f"no {kind} {name!r}; `llmgw keys list` shows keys, and `llmgw projects` "
@@ -47,9 +56,9 @@ def parse(rpm=None, tpm=None, budget=None, period=None):
     return out
 
 
-def set_limits(kind, name, **values):
+def set_limits(kind, name, scope_id=None, **values):
     """Set the given limits on one scope; the others keep their value. Return the rule."""
-    row = find_scope(kind, name)
+    row = find_scope(kind, name, scope_id)
     changes = parse(**values)
     if not changes:
         raise LlmgwError("nothing to change: give rpm, tpm, a budget or its period.")

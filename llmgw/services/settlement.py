@@ -124,7 +124,10 @@ class Settlement:
             time.sleep(max(self.flush_seconds, backoff))
             if self.flush(once=True) or not self.ledger.idle():
                 idle_since = time.monotonic()
-            self.measure()
+            try:
+                self.measure()
+            except Exception as e:  # the metrics are not worth the thread that settles and beats
+                log.warning("counting the metrics failed: %s", e)
             if not self.failing_since:
                 try:
                     self.ledger.lease_ahead()

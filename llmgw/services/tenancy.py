@@ -8,6 +8,7 @@ from ..errors import LlmgwError
 from ..models import ApiKey, Membership, Org, Project, Team, User, database, new_session_token, utcnow
 
 DEFAULT = "default"
+MAX_KEY_DAYS = 3650  # a key's expiry, at most ten years ahead
 
 
 def ensure_default_project():
@@ -192,6 +193,15 @@ def reset_password(email):
     return password
 
 
+def remove_member(user, project):
+    """Take an account out of a project and revoke the keys it made there (they would go on
+    spending the project's budget); return how many were revoked."""
+    with database.atomic():
+        Membership.delete().where(Membership.user == user, Membership.project == project).execute()
+        return (ApiKey.update(revoked=utcnow())
+                .where(ApiKey.user == user, ApiKey.project == project, ApiKey.revoked.is_null()).execute())
+
+
 def delete_user(email):
     """Delete an account: its memberships go, the keys it made are revoked (their usage stays).
     Refused for the last active administrator. Return how many keys were revoked."""
@@ -229,11 +239,26 @@ def create_team(name, org_name):
     return Team.create(org=org, name=name)
 
 
-def create_project(name, team_name):
-    team = Team.get_or_none(Team.name == team_name)
+def create_project(name, team_name=None, team_id=None):
+    """Create a project in a team, named (refused when two orgs have a team of that name) or
+    given by id (the pages)."""
+    team = Team.get_or_none(Team.id == team_id) if team_id is not None else find_team(team_name)
     if team is None:
-        raise LlmgwError(f"no team named {team_name!r}.")
+        raise LlmgwError(f"no team with id {team_id}.")
     return Project.create(name=_new_name(Project, name, "project"), team=team)
+
+
+def find_team(name):
+    """Return the team of that name; team names are unique only within an org, so a name two
+    orgs use is refused with both."""
+    teams = list(Team.select(Team, Org).join(Org).where(Team.name == name))
+    if not teams:
+        raise LlmgwError(f"no team named {name!r}.")
+    if len(teams) > 1:
+        raise LlmgwError(f"{len(teams)} orgs have a team named {name!r} "
+                         f"({', '.join(t.org.name for t in teams)}); use the projects page, which "
+                         f"names each team with its org.")
+    return teams[0]
 
 
 def _new_name(model, name, what):

@@ -3,7 +3,7 @@ administrators see and revoke every key. And a person's home: their projects, ke
 import datetime
 
 import peewee
-from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
+from flask import Blueprint, abort, flash, make_response, redirect, render_template, request, url_for
 from flask_login import current_user, login_required
 
 from ..errors import LlmgwError
@@ -41,10 +41,11 @@ def create():
     raw_days = request.form.get("expires_days", "").strip()
     try:
         days = int(raw_days) if raw_days else None
-        if days is not None and days < 1:
+        if days is not None and not 1 <= days <= tenancy.MAX_KEY_DAYS:
             raise ValueError
     except ValueError:
-        flash(f"Key not made: expiry {raw_days!r} is not a whole number of days (1 or more; empty: never).")
+        flash(f"Key not made: expiry {raw_days!r} is not a whole number of days from 1 to "
+              f"{tenancy.MAX_KEY_DAYS} (empty: never).")
         return redirect(url_for("accounts.profile"))
     try:
         row, key = tenancy.create_key(project, request.form.get("name", "").strip(), user=user,
@@ -52,8 +53,11 @@ def create():
     except LlmgwError as e:
         flash(f"Key not made: {e}")
         return redirect(url_for("accounts.profile"))
-    # Rendered, not redirected: the key is shown in this answer only, never kept in a cookie.
-    return render_template("profile.html", user=user, **keys_context(user, new_key=(row, key)))
+    # Rendered, not redirected: the key is shown in this answer only, never kept in a cookie
+    # or a cache.
+    page = make_response(render_template("profile.html", user=user, **keys_context(user, new_key=(row, key))))
+    page.headers["Cache-Control"] = "no-store"
+    return page
 
 
 @bp.post("/keys/<int:key_id>/revoke")

@@ -1,6 +1,7 @@
 """The models page (the catalog, with forms to add, change, scale and remove, as the CLI can)
 and a model's page: what it needs, where its replicas run, and every node's verdict."""
 import functools
+from pathlib import Path
 
 from flask import Blueprint, abort, current_app, flash, redirect, render_template, request, url_for
 
@@ -46,6 +47,24 @@ def _given(form, for_set):
     return given
 
 
+def _web_source(source, conf):
+    """From a page, a model's file on the control plane must be a model: a .gguf file or a
+    directory (safetensors), and never inside the control plane's own directory, which holds
+    its keys. (An administrator at a shell may name any file with `llmgw model add`.)"""
+    if not source or source.startswith(("http://", "https://", "mirror:")):
+        return
+    path = Path(source)
+    if not path.is_absolute():
+        raise LlmgwError(f"{source!r} is not an absolute path; give /path/to/model.gguf, a URL or mirror:NAME.")
+    real, root = path.resolve(), Path(conf["_root"]).resolve()
+    if real == root or root in real.parents:
+        raise LlmgwError(f"{source} is inside the control plane's own directory ({root}), which holds "
+                         f"its keys; a model's files live elsewhere (or in the mirror: mirror:NAME).")
+    if not real.is_dir() and real.suffix.lower() != ".gguf":
+        raise LlmgwError(f"{source}: from this page a file must be a .gguf model, or a directory of "
+                         f"safetensors for vllm/sglang; `llmgw model add` on the control plane takes others.")
+
+
 @bp.get("/models")
 @admin_required
 def models_page():
@@ -61,6 +80,7 @@ def model_action():
     conf = current_app.config["LLMGW"]
     back = url_for("models.models_page") if action in ("add", "remove") else url_for("models.model_page", name=name)
     try:
+        _web_source(request.form.get("source", "").strip(), conf)
         if action == "add":
             spec = modelspec.ModelSpec(name=name, **modelspec.changes_from_flags(_given(request.form, False), False))
             # Its file is read and hashed now: off the hub, so other requests go on meanwhile.

@@ -65,14 +65,20 @@ def project_page(name):
 @admin_required
 def set_limits():
     kind, name = request.form.get("kind", ""), request.form.get("name", "")
+    sid = request.form.get("sid", "")
     try:
-        rule = limits.set_limits(kind, name, rpm=request.form.get("rpm"), tpm=request.form.get("tpm"),
+        rule = limits.set_limits(kind, name, int(sid) if sid.isdigit() else None,
+                                 rpm=request.form.get("rpm"), tpm=request.form.get("tpm"),
                                  budget=request.form.get("budget"), period=request.form.get("period"))
         flash(f"Limits of {kind} {name}: {limits.describe(rule)}. Workers apply them within a second.")
     except LlmgwError as e:
         flash(f"Limits of {kind} {name} not changed: {e}")
-    return redirect(request.form.get("back") if request.form.get("back", "").startswith("/projects")
-                    else url_for("projects.projects_page"))
+    # Back to the page the form was on: one of ours, never an address the form names.
+    pages = {url_for("quotas.quotas"), url_for("projects.projects_page")}
+    if kind == "project":
+        pages.add(url_for("projects.project_page", name=name))
+    back = request.form.get("back", "")
+    return redirect(back if back in pages else url_for("projects.projects_page"))
 
 
 @bp.post("/projects/create")
@@ -85,7 +91,9 @@ def create():
         elif what == "team":
             tenancy.create_team(name, parent)
         elif what == "project":
-            tenancy.create_project(name, parent)
+            if not parent.isdigit():
+                raise LlmgwError("choose the team it belongs to.")
+            tenancy.create_project(name, team_id=int(parent))
         else:
             raise LlmgwError(f"unknown kind {what!r}: org, team or project.")
         flash(f"Created {what} {name}.")
@@ -105,8 +113,9 @@ def members(name):
             Membership.get_or_create(user=user, project=project)
             flash(f"{email} is a member of {name}.")
         elif action == "remove":
-            Membership.delete().where(Membership.user == user, Membership.project == project).execute()
-            flash(f"{email} is no longer a member of {name}; the keys it made there keep working until revoked.")
+            revoked = tenancy.remove_member(user, project)
+            flash(f"{email} is no longer a member of {name}" + (f"; revoked the {revoked} key(s) it made there."
+                                                                 if revoked else "."))
         else:
             raise LlmgwError(f"unknown action {action!r}.")
     except LlmgwError as e:

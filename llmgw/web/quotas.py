@@ -2,6 +2,7 @@
 import csv
 import datetime
 import io
+import urllib.parse
 
 from flask import Blueprint, Response, abort, current_app, render_template, request
 from flask_login import current_user, login_required
@@ -42,7 +43,9 @@ def quotas():
                                 Counter.kind == "budget", Counter.slot == slot)
         if c:
             counters.append({"kind": kind, "name": _name(kind, sid), "c": c})
+    rule_map = {(r["rule"].scope_kind, r["rule"].scope_id): r["rule"] for r in rules}
     return render_template("quotas.html", rules=rules, prices=prices, default_price=default_price,
+                           rule_map=rule_map, spent={}, periods=quota.PERIODS,
                            defaults=conf["limits"], counters=counters,
                            unpriced=not prices and not any(default_price))
 
@@ -109,5 +112,7 @@ def usage_csv(project):
         w.writerow([r["period"], r["model"], r["requests"], r["prompt_tokens"], r["completion_tokens"],
                     money.show(r["cost"]), r["errors"]])
     name = f"usage-{row.name}-{begin:%Y%m%d}-{(end - datetime.timedelta(days=1)):%Y%m%d}-{step}.csv"
-    return Response(out.getvalue(), mimetype="text/csv",
-                    headers={"Content-Disposition": f'attachment; filename="{name}"'})
+    # A project's name may be any letters: an ASCII name for old clients, the real one encoded.
+    plain = name.encode("ascii", "replace").decode().replace("?", "_")
+    return Response(out.getvalue(), mimetype="text/csv", headers={
+        "Content-Disposition": f"attachment; filename=\"{plain}\"; filename*=UTF-8''{urllib.parse.quote(name)}"})

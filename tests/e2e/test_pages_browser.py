@@ -59,6 +59,11 @@ def test_an_administrator_manages_models_projects_endpoints_and_keys_in_the_brow
     assert '"replicas": 2' in cli(demo["root"], "model", "show", "browser-made", "--json")
     b.get(base + "/models/browser-made")
     b.click("#change-model summary")
+    b.type("#set-model input[name=memory]", "1G")
+    b.click("#set-model button[type=submit]")
+    b.wait_for_text("Changed memory_mb of browser-made.")
+    assert '"memory_mb": 1024' in cli(demo["root"], "model", "show", "browser-made", "--json")
+    b.click("#change-model summary")
     b.submit("#remove-model button[type=submit]")
     b.wait_for_text("Removed model browser-made")
 
@@ -75,6 +80,20 @@ def test_an_administrator_manages_models_projects_endpoints_and_keys_in_the_brow
     b.type("#limits-project-default input[name=tpm]", "0")  # taken off again
     b.click("#limits-project-default button")
     b.wait_for_text("tpm none")
+
+    # A project's page: an account added as a member; the quotas page edits limits too.
+    cli(demo["root"], "users", "create", "cy@example.com")
+    b.get(base + "/projects/default")
+    b.type("#add-member input[name=email]", "cy@example.com")
+    b.click("#add-member button")
+    b.wait_for_text("cy@example.com", css="#members")
+    b.get(base + "/quotas")
+    b.type("#new-limit input[name=name]", "default")
+    b.select("#new-limit select[name=kind]", "team")
+    b.type("#new-limit input[name=rpm]", "777")
+    b.click("#new-limit button")
+    b.wait_for_text("rpm 777")
+    assert b.url().endswith("/quotas")
 
     # Endpoints: added, shown with its health, removed.
     b.get(base + "/endpoints")
