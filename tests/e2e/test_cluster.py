@@ -347,7 +347,7 @@ def test_the_node_page_log_pane_follows_journald(cluster):
     page = s.get(base + "/nodes/sysd").text
     assert "systemd" in page
     csrf = {"HX-Request": "true", "X-CSRFToken": re.search(r'"X-CSRFToken": "([^"]+)"', page).group(1)}
-    source = re.search(r'hx-vals=\'\{"source": "([^"]+)"\}\'', page).group(1)
+    source = re.search(r'hx-vals=\'\{[^}]*"source": "([^"]+)"\}\'', page).group(1)
     opened = s.post(base + "/nodes/sysd/logs", data={"source": source}, headers=csrf).text
     poll = re.search(r'hx-post="(/nodes/sysd/logs/\d+)"', opened).group(1)
     lines = ""
