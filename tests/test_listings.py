@@ -147,6 +147,13 @@ def test_a_demo_rerun_keeps_its_key_and_password_or_says_it_reset_the_password(r
     key, password, _ = demo()
     key2, password2, said = demo()
     assert key2 == key and password2.group(1) == password.group(1) and "kept from the last run" in said
+    admin = User.get(User.email == "admin@localhost")
+    admin.password_hash = security.hash_password("mine-own-password")  # changed on the profile page
+    admin.save()
+    for _ in range(2):  # left alone, run after run
+        _, shown, said = demo()
+        assert shown is None and "changed since the demo set it" in said
+        assert security.check_password(User.get_by_id(admin.id).password_hash, "mine-own-password")
     (root / "demo.sealed").unlink()  # as a demo folder from before the demo kept them
     key3, password3, said = demo()
     assert key3 != key and "reset: no password from an earlier run could be read" in said

@@ -52,7 +52,9 @@ def demo(ctx, admin, listen, no_serve):
     kept = _kept(root)
     key, key_said = _key(kept)
     password, password_said = _password(admin, made_password, kept)
-    _keep(root, {"key": key, "password": password})
+    # A password changed since (not shown) keeps the one the demo set, so the next run still
+    # sees it was changed and leaves it alone.
+    _keep(root, {"key": key, "password": password or kept.get("password")})
     click.echo(f"  {'api key':<22} {key_said}")
     click.echo(f"  {'admin password':<22} {password_said}")
     url = c["server"]["public_url"]
