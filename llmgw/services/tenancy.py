@@ -5,7 +5,7 @@ from peewee import fn
 
 from .. import security
 from ..errors import LlmgwError
-from ..models import ApiKey, Membership, Org, Project, Team, User, database, new_session_token, utcnow
+from ..models import ApiKey, Membership, Org, Project, Team, Usage, User, database, new_session_token, utcnow
 
 DEFAULT = "default"
 MAX_KEY_DAYS = 3650  # a key's expiry, at most ten years ahead
@@ -65,7 +65,6 @@ def key_views(project_name=None, user=None, now=None):
     if user is not None:
         query = query.where(ApiKey.user == user)
     keys = list(query.order_by(ApiKey.id.desc()))
-    from ..models import Usage
     used = dict(Usage.select(Usage.key_id, fn.MAX(Usage.created)).where(
         Usage.key_id.in_([k.id for k in keys])).group_by(Usage.key_id).tuples()) if keys else {}
     owners = {u.id: u.email for u in User.select(User.id, User.email).where(
@@ -198,20 +197,27 @@ def remove_member(user, project):
     spending the project's budget); return how many were revoked."""
     with database.atomic():
         Membership.delete().where(Membership.user == user, Membership.project == project).execute()
-        return (ApiKey.update(revoked=utcnow())
-                .where(ApiKey.user == user, ApiKey.project == project, ApiKey.revoked.is_null()).execute())
+        return _revoke_keys_of(user, ApiKey.project == project)
+
+
+def _revoke_keys_of(user, *where):
+    """Revoke the live keys an account made (where further narrowed); return how many."""
+    return ApiKey.update(revoked=utcnow()).where(ApiKey.user == user, ApiKey.revoked.is_null(), *where).execute()
+
+
+def _last_admin(user):
+    return user.is_admin and user.is_active and User.select().where(User.is_admin, User.is_active).count() == 1
 
 
 def delete_user(email):
     """Delete an account: its memberships go, the keys it made are revoked (their usage stays).
     Refused for the last active administrator. Return how many keys were revoked."""
     user = find_user(email)
-    if user.is_admin and user.is_active and User.select().where(User.is_admin, User.is_active).count() == 1:
+    if _last_admin(user):
         raise LlmgwError(f"{email} is the last administrator; promote another one first "
                          f"(`flask llmgw users promote EMAIL`).")
     with database.atomic():
-        revoked = (ApiKey.update(revoked=utcnow()).where(ApiKey.user == user, ApiKey.revoked.is_null())
-                   .execute())
+        revoked = _revoke_keys_of(user)
         ApiKey.update(user=None).where(ApiKey.user == user).execute()
         Membership.delete().where(Membership.user == user).execute()
         user.delete_instance()

@@ -32,16 +32,9 @@ def cluster_view():
         why = verdict.get("summary", "not placed yet") if verdict.get("placed", 0) < m.replicas else ""
         models.append({"model": m, "ready": sum(r.state == "ready" for r in mine),
                        "placed": len(mine), "why": why})
-    every = {"total": sum(g["total"] for g in gpus.values()),
-             "healthy": sum(g["healthy"] for g in gpus.values()),
-             "free": sum(g["free"] for g in gpus.values()), "by_class": {}}
-    for g in gpus.values():
-        for cls, (free, total) in g["by_class"].items():
-            have = every["by_class"].setdefault(cls, [0, 0])
-            have[0] += free
-            have[1] += total
+    # The cluster's totals (GPUs among them) come from services.overview, passed beside.
     return {"nodes": nodes, "installs": installs, "replicas": replicas, "models": models,
-            "gpus": gpus, "all_gpus": every,
+            "gpus": gpus,
             "supervisor": {n.id: supervisor_for(n.facts or {}) for n in nodes}}
 
 
@@ -152,7 +145,8 @@ def _commands(node):
 @admin_required
 def node_commands(name):
     """The pane of what the control plane ran on the node, polled."""
-    return render_template("_node_commands.html", node=_node(name), commands=_commands(_node(name)))
+    node = _node(name)
+    return render_template("_node_commands.html", node=node, commands=_commands(node))
 
 
 def _ask(node, source, cursor, lines=100):

@@ -18,11 +18,13 @@ def _me():
     return User.get_by_id(int(current_user.id))
 
 
+def _member_of(user):
+    return list(Project.select().join(Membership).where(Membership.user == user).order_by(Project.name))
+
+
 def _projects_of(user):
     """The projects a person may make keys in: their own; every project for administrators."""
-    if user.is_admin:
-        return list(Project.select().order_by(Project.name))
-    return list(Project.select().join(Membership).where(Membership.user == user).order_by(Project.name))
+    return list(Project.select().order_by(Project.name)) if user.is_admin else _member_of(user)
 
 
 def keys_context(user, new_key=None):
@@ -93,8 +95,7 @@ def all_keys():
 def home():
     """A person's own page: their projects with this month's use and limits, their keys."""
     user = _me()
-    projects = _projects_of(user) if not user.is_admin else list(
-        Project.select().join(Membership).where(Membership.user == user).order_by(Project.name))
+    projects = _member_of(user)
     since = utcnow() - datetime.timedelta(days=30)
     used = {r["project_id"]: r for r in Usage.select(
         Usage.project_id, peewee.fn.COUNT(Usage.id).alias("requests"),

@@ -8,21 +8,19 @@ from flask import Blueprint, Response, abort, current_app, render_template, requ
 from flask_login import current_user, login_required
 
 from ..errors import LlmgwError
-from ..models import ApiKey, Counter, LimitRule, Membership, Org, Price, Project, Team, Usage, utcnow
+from ..models import Counter, LimitRule, Membership, Price, Project, Usage, utcnow
 from ..plans import chart, money, quota
 from ..services import quota as quota_service
-from ..services import usage_history
+from ..services import limits, usage_history
 from . import admin_required
 
 bp = Blueprint("quotas", __name__)
-SCOPE_NAMES = {"key": (ApiKey, "prefix"), "project": (Project, "name"), "team": (Team, "name"),
-               "org": (Org, "name")}
 
 
 def _name(kind, scope_id):
-    model, attr = SCOPE_NAMES[kind]
+    model, column = limits.SCOPES[kind]
     row = model.get_or_none(model.id == scope_id)
-    return getattr(row, attr, f"#{scope_id}") if row else f"#{scope_id} (gone)"
+    return getattr(row, column.name, f"#{scope_id}") if row else f"#{scope_id} (gone)"
 
 
 @bp.get("/quotas")
